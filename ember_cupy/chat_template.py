@@ -1,0 +1,62 @@
+"""The model's own chat template, rendered with jinja2 the way transformers does."""
+from __future__ import annotations
+
+import datetime
+import json
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+def _raise(message: str):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _text_content(content, index: int) -> str:
+    """OpenAI allows content as a string or a list of {"type": "text", "text": ...} parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise ValueError(f"messages[{index}].content must be a string or a list of text parts")
+
+
+def normalize_messages(messages) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    normalized = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ValueError(f"messages[{index}] must be an object with 'role' and 'content'")
+        role = message.get("role")
+        if role not in ROLES:
+            raise ValueError(f"messages[{index}].role must be one of {ROLES}, got {role!r}")
+        content = message.get("content")
+        if content is None and role != "assistant":
+            raise ValueError(f"messages[{index}].content is required")
+        normalized.append({**message, "content": _text_content(content or "", index)})
+    return normalized
+
+
+class ChatTemplate:
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = ""):
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent,
+                                                                      ensure_ascii=False)
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+        self._template = env.from_string(source)
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+
+    def render(self, messages, add_generation_prompt: bool = True, **extra) -> str:
+        messages = normalize_messages(messages)
+        try:
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         bos_token=self.bos_token, eos_token=self.eos_token, **extra)
+        except jinja2.exceptions.TemplateError as exc:
+            raise ValueError(f"chat template rejected the messages: {exc}") from None

@@ -1,0 +1,85 @@
+"""Frozen, validated configuration of the model and of the engine."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+POLICIES = ("fcfs", "sjf", "priority")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a Llama-family decoder, read from GGUF metadata or config.json."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    add_bos_token: bool = False
+    name: str = "model"
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings"):
+            _require(getattr(self, name) > 0, f"ModelConfig.{name} must be > 0")
+        _require(self.num_heads % self.num_kv_heads == 0,
+                 f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
+                 f"num_kv_heads ({self.num_kv_heads})")
+        _require(self.head_dim % 2 == 0, "ModelConfig.head_dim must be even for RoPE")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine batches, schedules and sizes its KV cache."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+    max_model_len: int | None = None      # None: the model's context length, capped by the pool
+    block_size: int = 16
+    kv_cache_memory: int = 1 << 30        # bytes for the K and V pools of all layers together
+    num_kv_blocks: int | None = None      # overrides kv_cache_memory when set
+    enable_prefix_caching: bool = True
+    policy: str = "fcfs"
+    sjf_aging_steps: int = 64             # sjf: a request waiting this many steps jumps the queue
+    max_waiting: int | None = None        # bound on queued requests; None = unbounded
+
+    def __post_init__(self):
+        _require(self.max_num_seqs >= 1, "EngineConfig.max_num_seqs must be >= 1")
+        _require(self.max_num_batched_tokens >= 1,
+                 "EngineConfig.max_num_batched_tokens must be >= 1")
+        _require(self.block_size >= 1 and self.block_size <= 1024,
+                 "EngineConfig.block_size must be in [1, 1024]")
+        _require(self.kv_cache_memory > 0, "EngineConfig.kv_cache_memory must be > 0 bytes")
+        _require(self.num_kv_blocks is None or self.num_kv_blocks >= 1,
+                 "EngineConfig.num_kv_blocks must be >= 1")
+        _require(self.max_model_len is None or self.max_model_len >= 1,
+                 "EngineConfig.max_model_len must be >= 1")
+        _require(self.policy in POLICIES,
+                 f"EngineConfig.policy must be one of {POLICIES}, got {self.policy!r}")
+        _require(self.sjf_aging_steps >= 1, "EngineConfig.sjf_aging_steps must be >= 1")
+        _require(self.max_waiting is None or self.max_waiting >= 1,
+                 "EngineConfig.max_waiting must be >= 1")

@@ -1,0 +1,195 @@
+"""The synchronous engine: add_request / abort / step(), one continuous-batching step at a time."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ember_cupy.backend import get_xp
+from ember_cupy.config import EngineConfig
+from ember_cupy.detokenizer import IncrementalDetokenizer
+from ember_cupy.engine.block_manager import BlockManager
+from ember_cupy.engine.request import Request
+from ember_cupy.engine.sampler import Sampler
+from ember_cupy.engine.scheduler import Scheduler
+from ember_cupy.engine.sequence import Sequence, SequenceStats
+from ember_cupy.model.checkpoint import Checkpoint
+from ember_cupy.model.loader import load_checkpoint
+from ember_cupy.model.runner import ModelRunner
+from ember_cupy.outputs import RequestOutput
+from ember_cupy.sampling_params import SamplingParams
+
+
+class LLMEngine:
+    def __init__(self, model: str | None = None, config: EngineConfig | None = None,
+                 checkpoint: Checkpoint | None = None, progress=None):
+        self.config = config or EngineConfig()
+        self.checkpoint = checkpoint or load_checkpoint(model, progress)
+        self.model_config = self.checkpoint.config
+        self.tokenizer = self.checkpoint.tokenizer
+        self.runner = ModelRunner(self.checkpoint, self.config, xp=get_xp())
+        self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
+                                          self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.sampler = Sampler(self.model_config.eos_token_ids)
+        limits = [self.model_config.max_position_embeddings, self.runner.num_blocks * self.config.block_size]
+        if self.config.max_model_len:
+            limits.append(self.config.max_model_len)
+        self.max_model_len = min(limits)
+        self.requests: dict[str, Request] = {}
+
+    # --- admission ----------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                    *, priority: int = 0, cache_salt: str | None = None,
+                    arrival_time: float | None = None) -> None:
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        prompt_text, prompt_ids = self._prompt_ids(prompt)
+        params.check_vocab(self.model_config.vocab_size)
+        max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
+        if params.n > self.config.max_num_seqs:
+            raise ValueError(f"n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}")
+        request = Request(request_id, prompt_text, prompt_ids, params, fork_pending=params.n > 1)
+        stats = SequenceStats(arrival_time=arrival_time or time.monotonic())
+        seq = Sequence(request_id, prompt_ids, params, max_tokens, priority=priority,
+                       cache_salt=cache_salt, stats=stats)
+        self._attach(request, seq)
+        self.requests[request_id] = request
+        self.scheduler.add(seq)
+
+    def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+            text = prompt
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, (int, np.integer)) for t in prompt):
+            ids, text = [int(t) for t in prompt], None
+            bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token id(s) {bad[:5]} outside the vocabulary "
+                                 f"[0, {self.model_config.vocab_size})")
+        else:
+            raise ValueError("prompt must be a string or a list of token ids")
+        if not ids:
+            raise ValueError("prompt is empty: it must contain at least one token")
+        return text, ids
+
+    def _resolve_max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
+        room = self.max_model_len - prompt_len
+        if room < 1:
+            raise ValueError(f"prompt has {prompt_len} tokens; the context allows at most "
+                             f"{self.max_model_len - 1} to leave room for one generated token")
+        if params.max_tokens is None:
+            return room
+        if params.max_tokens > room:
+            raise ValueError(f"prompt ({prompt_len} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                             f"the maximum context length {self.max_model_len}")
+        return params.max_tokens
+
+    def _attach(self, request: Request, seq: Sequence) -> None:
+        params = request.params
+        request.seqs.append(seq)
+        request.detokenizers[seq.index] = IncrementalDetokenizer(
+            self.tokenizer, params.stop, params.include_stop_str_in_output, params.skip_special_tokens)
+        request.logprobs[seq.index] = []
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request wherever it is; its KV blocks are freed at once."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        request.fork_pending = False
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
+        return request.make_output()
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # --- one step -----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        logits, sampling_seqs = self.runner.execute(batch)
+        for seq, num_tokens in batch.scheduled:
+            seq.num_computed_tokens += num_tokens
+            self.block_manager.cache_full_blocks(seq)
+        sampling_seqs, logits = self._fork_pending(sampling_seqs, logits)
+        sampled = self.sampler(logits, sampling_seqs)
+        now = time.monotonic()
+        touched = []
+        for seq, token_id, logprobs in zip(sampling_seqs, sampled.token_ids, sampled.logprobs):
+            request = self.requests[seq.request_id]
+            self._append_token(request, seq, token_id, logprobs, now)
+            touched.append(request)
+        return self._collect_outputs(touched)
+
+    def _fork_pending(self, seqs: list[Sequence], logits):
+        """n > 1: once the parent's prompt is computed, fork n-1 children sharing its blocks,
+        each sampling its own first token from the same logits."""
+        if not any(self.requests[s.request_id].fork_pending for s in seqs):
+            return seqs, logits
+        rows, out_seqs = [], []
+        for row, seq in enumerate(seqs):
+            rows.append(row)
+            out_seqs.append(seq)
+            request = self.requests[seq.request_id]
+            if not request.fork_pending:
+                continue
+            request.fork_pending = False
+            for index in range(1, request.params.n):
+                child = Sequence(seq.request_id, seq.prompt_token_ids, seq.params, seq.max_tokens,
+                                 index=index, priority=seq.priority, cache_salt=seq.cache_salt,
+                                 stats=SequenceStats(**vars(seq.stats)))
+                self.block_manager.fork(seq, child)
+                self._attach(request, child)
+                self.scheduler.add_running(child)
+                rows.append(row)
+                out_seqs.append(child)
+        return out_seqs, logits[self.runner.xp.asarray(rows)]
+
+    def _append_token(self, request: Request, seq: Sequence, token_id: int, logprobs, now: float) -> None:
+        seq.token_ids.append(token_id)
+        stats = seq.stats
+        if stats.first_token_time is None:
+            stats.first_token_time = now
+        stats.last_token_time = now
+        if logprobs is not None:
+            request.logprobs[seq.index].append(logprobs)
+        params = request.params
+        detokenizer = request.detokenizers[seq.index]
+        past_min = seq.num_output_tokens > params.min_tokens
+        finish = None
+        if past_min and token_id in params.stop_token_ids:
+            finish = ("stop", token_id)
+        elif past_min and not params.ignore_eos and token_id in self.model_config.eos_token_ids:
+            finish = ("stop", None)
+        if finish is None or params.include_stop_str_in_output:
+            stop_string = detokenizer.add_tokens([token_id], check_stop=past_min)
+            if stop_string is not None:
+                finish = ("stop", stop_string)
+        if finish is None and (seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len):
+            finish = ("length", None)
+        if finish is not None:
+            self.scheduler.finish(seq, *finish)
+            request.note_token(seq, token_id, detokenizer.finish())
+        else:
+            request.note_token(seq, token_id, detokenizer.release())
+
+    def _collect_outputs(self, requests: list[Request]) -> list[RequestOutput]:
+        outputs = []
+        for request in dict.fromkeys(requests):
+            outputs.append(request.make_output())
+            if request.finished:
+                del self.requests[request.request_id]
+        return outputs

@@ -1,0 +1,168 @@
+"""Which tokens of which sequences run in the next step. Pure Python, no array code.
+
+Each step has a budget of max_num_seqs sequences and max_num_batched_tokens tokens:
+  1. running decodes (1 token each), preempting the least important running sequence by
+     recompute when the KV pool cannot grow;
+  2. running sequences whose prompt is partly computed (chunked prefill) get what is left;
+  3. waiting sequences, in policy order, fill the rest, chunked if they do not fit.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from ember_cupy.config import EngineConfig
+from ember_cupy.engine.block_manager import BlockManager
+from ember_cupy.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)   # (seq, new tokens)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)     # copy-on-write pages
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+    def __bool__(self) -> bool:
+        return bool(self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.step_count = 0
+        self._order = itertools.count()   # admission tie-breaker, FCFS among equals
+        self._arrival_no: dict[int, int] = {}
+        self._preempted: set[int] = set()
+
+    # --- queue management ---------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        seq.stats.arrival_step = self.step_count
+        self._arrival_no[id(seq)] = next(self._order)
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """A sequence forked from a running one (n > 1) runs at once, beside its parent."""
+        seq.status = SequenceStatus.RUNNING
+        self._arrival_no[id(seq)] = next(self._order)
+        self.running.append(seq)
+
+    def finish(self, seq: Sequence, reason: str, stop_reason=None) -> None:
+        """Take seq out of the queues, free its blocks, mark it finished."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        self._arrival_no.pop(id(seq), None)
+        self._preempted.discard(id(seq))
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
+        seq.stats.finished_time = time.monotonic()
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # --- the policy ---------------------------------------------------------------------
+    def _waiting_key(self, seq: Sequence):
+        """Smaller is served first. Preempted sequences always come back first."""
+        arrival = self._arrival_no[id(seq)]
+        preempted = 0 if id(seq) in self._preempted else 1
+        policy = self.config.policy
+        if policy == "priority":
+            return (preempted, seq.priority, arrival)
+        if policy == "sjf":
+            aged = self.step_count - seq.stats.arrival_step >= self.config.sjf_aging_steps
+            return (preempted, 0 if aged else 1, 0 if aged else seq.max_total_tokens, arrival)
+        return (preempted, arrival)
+
+    def _running_key(self, seq: Sequence):
+        """Running order: the last one is the first preemption victim."""
+        arrival = self._arrival_no[id(seq)]
+        return (seq.priority, arrival) if self.config.policy == "priority" else (arrival,)
+
+    # --- one step -----------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        self.step_count += 1
+        batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        self.running.sort(key=self._running_key)
+        budget = self._schedule_decodes(batch, budget)
+        budget = self._schedule_partial_prefills(batch, budget)
+        self._admit_waiting(batch, budget)
+        return batch
+
+    def _schedule_decodes(self, batch: ScheduledBatch, budget: int) -> int:
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            if seq.num_uncomputed_tokens != 1:
+                index += 1
+                continue
+            while not self.block_manager.can_allocate(seq, 1):
+                victim = self.running[-1]
+                self._preempt(victim, batch)
+                if victim is seq:
+                    break
+            else:
+                self._run(batch, seq, 1)
+                budget -= 1
+                index += 1
+        return budget
+
+    def _schedule_partial_prefills(self, batch: ScheduledBatch, budget: int) -> int:
+        for seq in self.running:
+            if budget <= 0:
+                break
+            if seq.num_uncomputed_tokens <= 1:
+                continue  # a decode: served (or preempted) above
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            if self.block_manager.can_allocate(seq, num_tokens):
+                self._run(batch, seq, num_tokens)
+                budget -= num_tokens
+        return budget
+
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = min(self.waiting, key=self._waiting_key)
+            cached = self.block_manager.acquire_cached_prefix(seq)
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            if not self.block_manager.can_allocate(seq, num_tokens):
+                self.block_manager.free(seq)  # give the cached blocks back; retry next step
+                break
+            self.waiting.remove(seq)
+            self._preempted.discard(id(seq))
+            self.block_manager.record_prefix_query(seq.num_tokens, cached)
+            if seq.stats.first_scheduled_time is None:
+                seq.stats.first_scheduled_time = time.monotonic()
+                seq.stats.num_cached_tokens = cached
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            self._run(batch, seq, num_tokens)
+            budget -= num_tokens
+
+    def _run(self, batch: ScheduledBatch, seq: Sequence, num_tokens: int) -> None:
+        batch.block_copies += self.block_manager.allocate(seq, num_tokens)
+        batch.scheduled.append((seq, num_tokens))
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        """Recompute preemption: drop seq's KV, keep its tokens, requeue it first."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.stats.num_preemptions += 1
+        self._preempted.add(id(seq))
+        self.waiting.append(seq)
+        batch.preempted.append(seq)
+
+    # --- aborts ---------------------------------------------------------------------------
+    def sequences_of(self, request_id: str) -> list[Sequence]:
+        return [s for s in self.running + self.waiting if s.request_id == request_id]

@@ -1,0 +1,79 @@
+"""The standalone Python API: `LLM(model).generate(...)` and `LLM.chat(...)`."""
+from __future__ import annotations
+
+import itertools
+from typing import Sequence as Seq
+
+from ember_cupy.config import EngineConfig
+from ember_cupy.engine.llm_engine import LLMEngine
+from ember_cupy.outputs import RequestOutput
+from ember_cupy.sampling_params import SamplingParams
+
+
+class LLM:
+    """Offline batched inference. `LLM()` loads the default model (SmolLM2-135M-Instruct)."""
+
+    def __init__(self, model: str | None = None, config: EngineConfig | None = None, **config_fields):
+        if config is not None and config_fields:
+            raise ValueError("pass either config or individual EngineConfig fields, not both")
+        self.engine = LLMEngine(model, config or EngineConfig(**config_fields))
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(self, prompts, params: SamplingParams | Seq[SamplingParams] | None = None,
+                 *, priorities: Seq[int] | None = None) -> list[RequestOutput]:
+        """Run all prompts to completion, batched continuously; outputs in prompt order.
+
+        prompts: a string, a list of token ids, or a list of either.
+        """
+        prompts = self._as_prompt_list(prompts)
+        params_list = self._as_params_list(params, len(prompts))
+        request_ids = []
+        try:
+            for index, (prompt, sampling) in enumerate(zip(prompts, params_list)):
+                request_id = f"offline-{next(self._ids)}"
+                priority = priorities[index] if priorities else 0
+                self.engine.add_request(request_id, prompt, sampling, priority=priority)
+                request_ids.append(request_id)
+            return self._run(request_ids)
+        except BaseException:
+            for request_id in request_ids:
+                self.engine.abort(request_id)
+            raise
+
+    def chat(self, messages, params: SamplingParams | None = None,
+             add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """messages: one conversation (list of {"role", "content"}) or a list of them."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt)
+                   for c in conversations]
+        return self.generate(prompts, params)
+
+    def _run(self, request_ids: list[str]) -> list[RequestOutput]:
+        final: dict[str, RequestOutput] = {}
+        while len(final) < len(request_ids):
+            for output in self.engine.step():
+                if output.finished:
+                    final[output.request_id] = output
+        return [final[r] for r in request_ids]
+
+    @staticmethod
+    def _as_prompt_list(prompts) -> list:
+        if isinstance(prompts, str):
+            return [prompts]
+        if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts):
+            return [list(prompts)]
+        if isinstance(prompts, (list, tuple)) and prompts:
+            return list(prompts)
+        raise ValueError("prompts must be a string, a list of token ids, or a non-empty list of them")
+
+    @staticmethod
+    def _as_params_list(params, count: int) -> list[SamplingParams]:
+        if params is None:
+            return [SamplingParams()] * count
+        if isinstance(params, SamplingParams):
+            return [params] * count
+        params = list(params)
+        if len(params) != count:
+            raise ValueError(f"got {len(params)} SamplingParams for {count} prompts")
+        return params

@@ -1,0 +1,132 @@
+"""GGUF checkpoints (llama.cpp's format) through the `gguf` package, dequantized to float32."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ember_cupy.config import ModelConfig
+from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+
+_GLOBAL_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "lm_head"}
+_LAYER_NAMES = {
+    "attn_norm.weight": "attn_norm", "attn_q.weight": "q", "attn_k.weight": "k",
+    "attn_v.weight": "v", "attn_output.weight": "o", "attn_q.bias": "q_bias",
+    "attn_k.bias": "k_bias", "attn_v.bias": "v_bias", "ffn_norm.weight": "ffn_norm",
+    "ffn_gate.weight": "gate", "ffn_up.weight": "up", "ffn_down.weight": "down",
+}
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(.+)")
+# End-of-generation tokens that llama.cpp recognises by their text when they are control tokens.
+_EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>",
+              "</s>", "<end_of_turn>", "<|end|>")
+
+
+def field_value(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def load_gguf(path: str, progress: ProgressCallback | None = None) -> Checkpoint:
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch = field_value(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"unsupported GGUF architecture {arch!r} in {path}; "
+                         f"supported: {SUPPORTED_ARCHITECTURES}")
+    from ember_cupy.tokenizer import Tokenizer
+    tokenizer = Tokenizer.from_gguf(reader)
+    config = _model_config(reader, arch, tokenizer)
+    weights = _read_weights(reader, config, progress)
+    if "lm_head" not in weights:
+        config = _replace(config, tie_word_embeddings=True)
+    return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=path)
+
+
+def _replace(config: ModelConfig, **changes) -> ModelConfig:
+    from dataclasses import replace
+    return replace(config, **changes)
+
+
+def _model_config(reader, arch: str, tokenizer) -> ModelConfig:
+    get = lambda key, default=None: field_value(reader, f"{arch}.{key}", default)  # noqa: E731
+    hidden = int(get("embedding_length"))
+    heads = int(get("attention.head_count"))
+    head_dim = int(get("attention.key_length", hidden // heads))
+    scaling_type = get("rope.scaling.type")
+    rope_scaling = None
+    if scaling_type and scaling_type != "none":
+        rope_scaling = {"rope_type": scaling_type, "factor": float(get("rope.scaling.factor", 1.0))}
+    vocab = int(get("vocab_size", len(tokenizer)))
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_layers=int(get("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(get("attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rope_scaling=rope_scaling,
+        max_position_embeddings=int(get("context_length", 2048)),
+        attention_bias=arch == "qwen2",
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_ids=tokenizer.eos_token_ids,
+        add_bos_token=tokenizer.add_bos_token,
+        name=str(field_value(reader, "general.name", "model")),
+    )
+
+
+def _read_weights(reader, config: ModelConfig, progress) -> dict[str, np.ndarray]:
+    weights = {}
+    total = len(reader.tensors)
+    for done, tensor in enumerate(reader.tensors, 1):
+        name = _canonical_name(tensor.name)
+        if name is not None:
+            weights[name] = _unpermute_qk(name, _dequantize(tensor), config)
+        if progress:
+            progress(done, total)
+    return weights
+
+
+def _canonical_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _LAYER_TENSOR.fullmatch(gguf_name)
+    if match and match.group(2) in _LAYER_NAMES:
+        return f"layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+    return None  # e.g. rope_freqs: recomputed from the config
+
+
+def _dequantize(tensor) -> np.ndarray:
+    from gguf import GGMLQuantizationType as QT
+    from gguf.quants import dequantize
+
+    if tensor.tensor_type == QT.F32:
+        data = np.asarray(tensor.data, dtype=np.float32)
+    elif tensor.tensor_type in (QT.F16, QT.BF16) or tensor.tensor_type.name.startswith(("Q", "I", "T")):
+        data = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+    else:
+        raise ValueError(f"tensor {tensor.name}: unsupported GGUF type {tensor.tensor_type.name}")
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims innermost first
+    return np.ascontiguousarray(data.reshape(shape))
+
+
+def _unpermute_qk(name: str, weight: np.ndarray, config: ModelConfig) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation so the model can use HF rotate-half RoPE.
+
+    The converter interleaves the two halves of every head's rows (pairs adjacent for the
+    GGML RoPE); mixing layouts is invisible at position 0 and wrong everywhere else.
+    """
+    kind = name.rsplit(".", 1)[-1]
+    if kind not in ("q", "k", "q_bias", "k_bias") or config.architecture != "llama":
+        return weight
+    heads = config.num_heads if kind.startswith("q") else config.num_kv_heads
+    rows = weight.shape[0]
+    per_head = rows // heads
+    restored = weight.reshape(heads, per_head // 2, 2, *weight.shape[1:]).swapaxes(1, 2)
+    return np.ascontiguousarray(restored.reshape(weight.shape))

@@ -1,0 +1,129 @@
+"""Hugging Face checkpoints: config.json + *.safetensors (sharded or not) + tokenizer.json."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+
+from ember_cupy.config import ModelConfig
+from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+}
+_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm", "self_attn.q_proj.weight": "q",
+    "self_attn.k_proj.weight": "k", "self_attn.v_proj.weight": "v",
+    "self_attn.o_proj.weight": "o", "self_attn.q_proj.bias": "q_bias",
+    "self_attn.k_proj.bias": "k_bias", "self_attn.v_proj.bias": "v_bias",
+    "post_attention_layernorm.weight": "ffn_norm", "mlp.gate_proj.weight": "gate",
+    "mlp.up_proj.weight": "up", "mlp.down_proj.weight": "down",
+}
+_GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm",
+                 "lm_head.weight": "lm_head"}
+
+
+def load_hf_directory(path: str, progress: ProgressCallback | None = None) -> Checkpoint:
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"{path} has no config.json")
+    with open(config_file) as f:
+        raw = json.load(f)
+    arch = _architecture(raw, path)
+    eos = _eos_ids(raw, path)
+    from ember_cupy.tokenizer import Tokenizer
+    tokenizer = Tokenizer.from_hf_directory(path, eos_token_ids=eos)
+    config = model_config_from_hf(raw, arch, tokenizer, name=os.path.basename(os.path.normpath(path)))
+    weights = _read_safetensors(path, progress)
+    if not config.tie_word_embeddings and "lm_head" not in weights:
+        raise ValueError(f"{path}: lm_head.weight missing and tie_word_embeddings is false")
+    return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=path)
+
+
+def _architecture(raw: dict, path: str) -> str:
+    names = raw.get("architectures") or []
+    for name in names:
+        if name in SUPPORTED_ARCHITECTURES:
+            return SUPPORTED_ARCHITECTURES[name]
+    raise ValueError(f"{path}: unsupported architecture {names or raw.get('model_type')!r}; "
+                     f"supported: {sorted(SUPPORTED_ARCHITECTURES)}")
+
+
+def _eos_ids(raw: dict, path: str) -> tuple[int, ...]:
+    ids = []
+    sources = [raw]
+    generation_file = os.path.join(path, "generation_config.json")
+    if os.path.isfile(generation_file):
+        with open(generation_file) as f:
+            sources.append(json.load(f))
+    for source in sources:
+        value = source.get("eos_token_id")
+        ids += value if isinstance(value, list) else [value] if value is not None else []
+    return tuple(ids)
+
+
+def model_config_from_hf(raw: dict, arch: str, tokenizer, name: str = "model") -> ModelConfig:
+    heads = raw["num_attention_heads"]
+    hidden = raw["hidden_size"]
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=raw["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=raw["intermediate_size"],
+        num_layers=raw["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=raw.get("num_key_value_heads") or heads,
+        head_dim=raw.get("head_dim") or hidden // heads,
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=raw.get("rope_theta", 10000.0),
+        rope_scaling=raw.get("rope_scaling"),
+        max_position_embeddings=raw.get("max_position_embeddings", 2048),
+        tie_word_embeddings=raw.get("tie_word_embeddings", False),
+        attention_bias=raw.get("attention_bias", arch == "qwen2"),
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=tokenizer.eos_token_ids,
+        add_bos_token=tokenizer.add_bos_token,
+        name=name,
+    )
+
+
+def _shard_files(path: str) -> list[str]:
+    index_file = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index_file):
+        with open(index_file) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        missing = [s for s in shards if not os.path.isfile(os.path.join(path, s))]
+        if missing:
+            raise FileNotFoundError(f"{path}: shard(s) listed in the index are missing: {missing}")
+        return [os.path.join(path, s) for s in shards]
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"{path} has no *.safetensors files")
+    return files
+
+
+def _read_safetensors(path: str, progress) -> dict[str, np.ndarray]:
+    from safetensors import safe_open
+
+    weights = {}
+    files = _shard_files(path)
+    for done, file in enumerate(files, 1):
+        with safe_open(file, framework="np") as f:
+            for hf_name in f.keys():
+                name = _canonical_name(hf_name)
+                if name is not None:
+                    weights[name] = np.asarray(f.get_tensor(hf_name), dtype=np.float32)  # bf16 via ml_dtypes
+        if progress:
+            progress(done, len(files))
+    return weights
+
+
+def _canonical_name(hf_name: str) -> str | None:
+    if hf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[hf_name]
+    parts = hf_name.split(".", 3)
+    if len(parts) == 4 and parts[0] == "model" and parts[1] == "layers" and parts[3] in _LAYER_NAMES:
+        return f"layers.{parts[2]}.{_LAYER_NAMES[parts[3]]}"
+    return None

