@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 POLICIES = ("fcfs", "sjf", "priority")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -66,6 +67,8 @@ class EngineConfig:
     policy: str = "fcfs"
     sjf_aging_steps: int = 64             # sjf: a request waiting this many steps jumps the queue
     max_waiting: int | None = None        # bound on queued requests; None = unbounded
+    dtype: str = "auto"                   # weights/KV dtype; auto = float32 on NumPy, float16 on CuPy
+    gpu_memory_utilization: float = 0.9   # CuPy: fraction of free device memory for weights + KV
 
     def __post_init__(self):
         _require(self.max_num_seqs >= 1, "EngineConfig.max_num_seqs must be >= 1")
@@ -81,5 +84,8 @@ class EngineConfig:
         _require(self.policy in POLICIES,
                  f"EngineConfig.policy must be one of {POLICIES}, got {self.policy!r}")
         _require(self.sjf_aging_steps >= 1, "EngineConfig.sjf_aging_steps must be >= 1")
+        _require(self.dtype in DTYPES, f"EngineConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _require(0.0 < self.gpu_memory_utilization <= 1.0,
+                 "EngineConfig.gpu_memory_utilization must be in (0, 1]")
         _require(self.max_waiting is None or self.max_waiting >= 1,
                  "EngineConfig.max_waiting must be >= 1")
