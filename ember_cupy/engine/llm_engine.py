@@ -21,10 +21,11 @@ from ember_cupy.sampling_params import SamplingParams
 
 
 class LLMEngine:
-    def __init__(self, model: str | None = None, config: EngineConfig | None = None,
-                 checkpoint: Checkpoint | None = None, progress=None):
+    def __init__(self, model: str | Checkpoint | None = None, config: EngineConfig | None = None,
+                 progress=None):
+        """model: a .gguf path, an HF directory, an already loaded Checkpoint, or None (default)."""
         self.config = config or EngineConfig()
-        self.checkpoint = checkpoint or load_checkpoint(model, progress)
+        self.checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model, progress)
         self.model_config = self.checkpoint.config
         self.tokenizer = self.checkpoint.tokenizer
         self.runner = ModelRunner(self.checkpoint, self.config, xp=get_xp())

@@ -1,0 +1,24 @@
+import os
+
+import pytest
+
+os.environ.setdefault("EMBER_BACKEND", "numpy")
+
+
+@pytest.fixture(scope="session")
+def checkpoint():
+    """The default model (SmolLM2-135M-Instruct Q4_1), loaded once per test session."""
+    from ember_cupy.model.loader import load_checkpoint
+    return load_checkpoint(None)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(checkpoint):
+    return checkpoint.tokenizer
+
+
+@pytest.fixture
+def make_llm(checkpoint):
+    """LLM on the shared checkpoint with any EngineConfig fields."""
+    from ember_cupy import LLM
+    return lambda **config: LLM(checkpoint, **config)

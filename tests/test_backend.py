@@ -1,0 +1,38 @@
+import numpy as np
+import pytest
+
+from ember_cupy import backend
+
+
+@pytest.fixture(autouse=True)
+def fresh_choice():
+    backend.get_backend_name.cache_clear()
+    yield
+    backend.get_backend_name.cache_clear()
+
+
+def test_numpy_when_forced(monkeypatch):
+    monkeypatch.setenv("EMBER_BACKEND", "numpy")
+    assert backend.get_backend_name() == "numpy"
+    assert backend.get_xp() is np
+
+
+def test_auto_falls_back_to_numpy_without_a_device(monkeypatch):
+    monkeypatch.delenv("EMBER_BACKEND", raising=False)
+    cupy, reason = backend._cupy_or_reason()
+    expected = "cupy" if cupy is not None else "numpy"
+    assert backend.get_backend_name() == expected
+
+
+def test_forcing_cupy_without_a_device_is_a_clear_error(monkeypatch):
+    if backend._cupy_or_reason()[0] is not None:
+        pytest.skip("a CUDA device is usable here")
+    monkeypatch.setenv("EMBER_BACKEND", "cupy")
+    with pytest.raises(backend.BackendError, match="EMBER_BACKEND=cupy"):
+        backend.get_backend_name()
+
+
+def test_unknown_backend_is_rejected(monkeypatch):
+    monkeypatch.setenv("EMBER_BACKEND", "tpu")
+    with pytest.raises(backend.BackendError, match="tpu"):
+        backend.get_backend_name()

@@ -1,0 +1,108 @@
+"""GGUF loading: the default model's facts, dequantization, and the q/k row permutation."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+from gguf.quants import dequantize, quantize
+
+from ember_cupy import ops
+from ember_cupy.model.gguf_loader import _unpermute_qk
+from ember_cupy.model.loader import load_checkpoint
+
+
+def test_default_model_facts(checkpoint):
+    cfg = checkpoint.config
+    assert (cfg.architecture, cfg.num_layers, cfg.hidden_size) == ("llama", 30, 576)
+    assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (9, 3, 64)
+    assert cfg.rope_theta == 1e5 and abs(cfg.rms_norm_eps - 1e-5) < 1e-9
+    assert cfg.vocab_size == 49152 and cfg.intermediate_size == 1536
+    assert cfg.tie_word_embeddings and "lm_head" not in checkpoint.weights
+    assert not cfg.add_bos_token
+    tok = checkpoint.tokenizer
+    assert {tok.id_to_token(i) for i in cfg.eos_token_ids} == {"<|im_end|>", "<|endoftext|>"}
+
+
+def test_every_tensor_is_float32_with_the_model_shape(checkpoint):
+    cfg = checkpoint.config
+    w = checkpoint.weights
+    assert w["embed"].shape == (cfg.vocab_size, cfg.hidden_size)
+    assert w["layers.0.q"].shape == (cfg.q_size, cfg.hidden_size)
+    assert w["layers.29.k"].shape == (cfg.kv_size, cfg.hidden_size)
+    assert w["layers.3.down"].shape == (cfg.hidden_size, cfg.intermediate_size)
+    assert all(a.dtype == np.float32 and np.isfinite(a).all() for a in w.values())
+    assert len(w) == 2 + 9 * cfg.num_layers
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.F16])
+def test_dequantize_round_trip(qtype):
+    """Our reader path (gguf.quants) must reproduce quantize() within the format's error."""
+    from ember_cupy.model.gguf_loader import _dequantize
+
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((8, 64)).astype(np.float32)
+    raw = quantize(data, qtype)
+
+    class FakeTensor:
+        name, tensor_type, shape = "t", qtype, np.array([64, 8])
+
+    FakeTensor.data = raw
+    restored = _dequantize(FakeTensor)
+    assert restored.shape == data.shape
+    tolerance = {QT.F16: 1e-3, QT.Q8_0: 0.03, QT.Q4_1: 0.25, QT.Q4_0: 0.35}[qtype]
+    assert np.abs(restored - data).max() < tolerance
+    np.testing.assert_array_equal(restored, dequantize(raw, qtype).reshape(8, 64))
+
+
+def _permute_like_llama_cpp(w, heads):
+    """What llama.cpp's converter does to HF q/k rows (written independently of the loader)."""
+    rows = w.shape[0]
+    out = np.empty_like(w)
+    half = rows // heads // 2
+    for h in range(heads):
+        block = w[h * 2 * half:(h + 1) * 2 * half]
+        out[h * 2 * half:(h + 1) * 2 * half][0::2] = block[:half]
+        out[h * 2 * half:(h + 1) * 2 * half][1::2] = block[half:]
+    return out
+
+
+def test_unpermute_inverts_the_converter(checkpoint):
+    rng = np.random.default_rng(1)
+    hf_q = rng.standard_normal((checkpoint.config.q_size, 5)).astype(np.float32)
+    restored = _unpermute_qk("layers.0.q", _permute_like_llama_cpp(hf_q, 9), checkpoint.config)
+    np.testing.assert_array_equal(restored, hf_q)
+
+
+@pytest.mark.parametrize("position", [0, 1, 7, 100, 4095])
+def test_adjacent_rope_on_gguf_rows_equals_neox_rope_on_unpermuted_rows(checkpoint, position):
+    """Both consistent layouts agree at every position; a mixed one agrees only at 0."""
+    cfg = checkpoint.config
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, cfg.hidden_size)).astype(np.float32)
+    hf_q = checkpoint.weights["layers.5.q"]
+    gguf_q = _permute_like_llama_cpp(hf_q, cfg.num_heads)
+    cache = ops.rope_cos_sin_cache(cfg.head_dim, 4096 + 1, cfg.rope_theta)
+    pos = np.array([position], dtype=np.int32)
+
+    def rotated(weight, is_neox):
+        q = (x @ weight.T).reshape(1, cfg.num_heads, cfg.head_dim)
+        k = q[:, :1].copy()
+        ops.apply_rope(q, k, pos, cache, is_neox=is_neox)
+        return q
+
+    neox = rotated(hf_q, True)
+    adjacent = rotated(gguf_q, False)
+    mixed = rotated(gguf_q, True)
+    # adjacent pairs (2i, 2i+1) in gguf order are pairs (i, i+D/2) in HF order
+    np.testing.assert_allclose(_permute_like_llama_cpp(neox.reshape(-1, 1), cfg.num_heads).ravel(),
+                               adjacent.ravel(), rtol=1e-5, atol=1e-5)
+    if position:
+        assert not np.allclose(mixed.ravel(), _permute_like_llama_cpp(neox.reshape(-1, 1), cfg.num_heads).ravel(),
+                               atol=1e-3)
+
+
+def test_missing_and_unsupported_files_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere.gguf"):
+        load_checkpoint(str(tmp_path / "nowhere.gguf"))
+    bad = tmp_path / "weights.bin"
+    bad.write_bytes(b"x")
+    with pytest.raises(ValueError, match="weights.bin"):
+        load_checkpoint(str(bad))

@@ -1,0 +1,63 @@
+"""HF directories: tiny random checkpoints written here load, run, and match a dense reference."""
+import json
+
+import numpy as np
+import pytest
+
+from ember_cupy import LLM, SamplingParams
+from tiny_model import VOCAB, reference_logits, write_tiny_checkpoint
+
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+
+VARIANTS = {
+    "llama-gqa-bf16-sharded": dict(dtype="bfloat16", heads=4, kv_heads=2, shards=3),
+    "llama-mha-tied-linear-rope": dict(heads=4, kv_heads=4, tie=True,
+                                       rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    "llama3-rope-gqa8": dict(heads=8, kv_heads=1, hidden=64, rope_scaling=LLAMA3_SCALING),
+    "qwen2-biases": dict(arch="Qwen2ForCausalLM", bias=True, heads=4, kv_heads=2),
+    "mistral": dict(arch="MistralForCausalLM", heads=4, kv_heads=2),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_tiny_checkpoint_matches_dense_reference(tmp_path, variant):
+    weights = write_tiny_checkpoint(tmp_path, **VARIANTS[variant])
+    config = json.load(open(tmp_path / "config.json"))
+    llm = LLM(str(tmp_path), block_size=4, max_num_batched_tokens=7)  # chunked prefill, many pages
+    prompt = [3 + (7 * i) % 60 for i in range(11)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=5)
+    out = llm.generate([prompt], params)[0].outputs[0]
+    sequence = prompt + out.token_ids
+    ref = reference_logits(weights, config, sequence)
+    for step, entry in enumerate(out.logprobs):
+        row = ref[len(prompt) - 1 + step]
+        ref_logprobs = row - row.max() - np.log(np.exp(row - row.max()).sum())
+        assert entry.token_id == int(np.argmax(row))
+        for token, logprob in entry.top:
+            assert abs(logprob - ref_logprobs[token]) < 2e-4, (variant, step, token)
+
+
+def test_tokenizer_and_chat_template_come_from_the_directory(tmp_path):
+    write_tiny_checkpoint(tmp_path)
+    llm = LLM(str(tmp_path))
+    assert llm.tokenizer.encode("w1 w2") == [VOCAB.index("w1"), VOCAB.index("w2")]
+    assert llm.tokenizer.apply_chat_template([{"role": "user", "content": "w5"}]) == "<user>w5"
+    assert llm.engine.model_config.eos_token_ids == (1,)
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    write_tiny_checkpoint(tmp_path)
+    config = json.load(open(tmp_path / "config.json"))
+    config["architectures"] = ["GPT2LMHeadModel"]
+    json.dump(config, open(tmp_path / "config.json", "w"))
+    with pytest.raises(ValueError, match="GPT2LMHeadModel"):
+        LLM(str(tmp_path))
+
+
+@pytest.mark.parametrize("missing", ["config.json", "tokenizer.json", "model-00002-of-00002.safetensors"])
+def test_missing_file_is_named(tmp_path, missing):
+    write_tiny_checkpoint(tmp_path, shards=2)
+    (tmp_path / missing).unlink()
+    with pytest.raises(FileNotFoundError, match=missing.split(".")[0]):
+        LLM(str(tmp_path))
