@@ -1,0 +1,170 @@
+"""The aiohttp application: OpenAI-compatible routes plus health, metrics, tokenizer and docs."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+import ember_cupy
+from ember_cupy.server.async_engine import AsyncEngine, EngineState
+from ember_cupy.server.errors import APIError, bad_request
+from ember_cupy.server.metrics import CONTENT_TYPE_LATEST
+from ember_cupy.server.middleware import auth_middleware, cors_handlers, error_middleware
+from ember_cupy.server.openapi import openapi_spec
+from ember_cupy.server.serving import OpenAIServing
+from ember_cupy.server.validation import Fields, is_int, read_json_body
+
+log = logging.getLogger("ember_cupy.server")
+
+ENGINE_KEY = web.AppKey("engine", AsyncEngine)
+SERVING_KEY = web.AppKey("serving", OpenAIServing)
+SETTINGS_KEY = web.AppKey("settings", object)
+
+
+@dataclass
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_names: list[str] = field(default_factory=lambda: ["SmolLM2-135M-Instruct"])
+    api_key: str | None = None
+    allowed_origins: list[str] = field(default_factory=list)    # CORS off when empty
+    max_body_bytes: int = 4 << 20
+    drain_timeout: float = 10.0      # graceful shutdown: seconds in-flight requests may finish in
+    model_path: str | None = None
+
+
+def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
+    middlewares = [error_middleware()]
+    preflight = on_prepare = None
+    if settings.allowed_origins:
+        preflight, on_prepare = cors_handlers(settings.allowed_origins)
+        middlewares.insert(0, preflight)
+    if settings.api_key:
+        middlewares.append(auth_middleware(settings.api_key))
+    app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
+    if on_prepare is not None:
+        app.on_response_prepare.append(on_prepare)
+    serving = OpenAIServing(engine, settings.served_model_names)
+    app[ENGINE_KEY] = engine
+    app[SERVING_KEY] = serving
+    app[SETTINGS_KEY] = settings
+    handlers = _Handlers(engine, serving, settings)
+    app.router.add_post("/v1/completions", serving.completions)
+    app.router.add_post("/v1/chat/completions", serving.chat)
+    app.router.add_get("/v1/models", handlers.models)
+    app.router.add_get("/v1/models/{model}", handlers.model)
+    app.router.add_get("/health", handlers.health)
+    app.router.add_get("/metrics", handlers.metrics)
+    app.router.add_get("/version", handlers.version)
+    app.router.add_post("/tokenize", handlers.tokenize)
+    app.router.add_post("/detokenize", handlers.detokenize)
+    app.router.add_get("/openapi.json", handlers.openapi)
+    app.on_startup.append(_start_engine)
+    app.on_cleanup.append(_stop_engine)
+    return app
+
+
+async def _start_engine(app: web.Application) -> None:
+    engine = app[ENGINE_KEY]
+    if engine.state is EngineState.NEW:  # load in the background: /health says 503 meanwhile
+        task = asyncio.get_running_loop().create_task(engine.start())
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # reported on /health
+        app["engine_start_task"] = task
+
+
+async def _stop_engine(app: web.Application) -> None:
+    await app[ENGINE_KEY].shutdown(drain_timeout=0)
+
+
+class _Handlers:
+    def __init__(self, engine: AsyncEngine, serving: OpenAIServing, settings: ServerSettings):
+        self.engine = engine
+        self.serving = serving
+        self.settings = settings
+        self.created = int(time.time())
+
+    def _model_card(self, name: str) -> dict:
+        card = {"id": name, "object": "model", "created": self.created, "owned_by": "ember-cupy",
+                "root": self.settings.model_path or name, "parent": None}
+        if self.engine.is_ready:
+            card["max_model_len"] = self.engine.max_model_len
+        return card
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list",
+                                  "data": [self._model_card(n) for n in self.settings.served_model_names]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        self.serving.check_model(name)
+        return web.json_response(self._model_card(name))
+
+    async def health(self, request: web.Request) -> web.Response:
+        state = self.engine.state
+        if state is EngineState.READY:
+            return web.json_response({"status": "ready"})
+        if state is EngineState.DEAD:
+            error = APIError(503, f"the engine is dead: {self.engine.error}", code="engine_dead")
+        else:
+            error = APIError(503, f"the engine is {state.value}", code=f"engine_{state.value}")
+        body = error.body()
+        body["status"] = state.value
+        return web.json_response(body, status=503)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        metrics = self.engine.metrics
+        payload = metrics.render() if metrics is not None else b""
+        return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": ember_cupy.__version__})
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(openapi_spec(ember_cupy.__version__))
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await read_json_body(request)
+        self.serving.ensure_ready()
+        f = Fields(body, {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
+                          "return_token_strs"})
+        self.serving.check_model(f.str("model"))
+        tokenizer = self.engine.tokenizer
+        if f.has("prompt") == f.has("messages"):
+            raise bad_request("give exactly one of 'prompt' and 'messages'", param="prompt",
+                              code="missing_required_parameter")
+        if f.has("prompt"):
+            text = f.str("prompt")
+            add_special = f.bool("add_special_tokens", True)
+        else:
+            messages = f.raw("messages")
+            if not isinstance(messages, list) or not messages:
+                raise bad_request("'messages' must be a non-empty array", param="messages")
+            try:
+                text = tokenizer.apply_chat_template(messages, f.bool("add_generation_prompt", True))
+            except ValueError as exc:
+                raise bad_request(str(exc), param="messages") from None
+            add_special = f.bool("add_special_tokens", True)   # as the engine encodes chat prompts
+        tokens = tokenizer.encode(text, add_special_tokens=add_special)
+        result = {"count": len(tokens), "max_model_len": self.engine.max_model_len, "tokens": tokens}
+        if f.bool("return_token_strs", False):
+            result["token_strs"] = [tokenizer.id_to_token(t) for t in tokens]
+        return web.json_response(result)
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await read_json_body(request)
+        self.serving.ensure_ready()
+        f = Fields(body, {"model", "tokens"})
+        self.serving.check_model(f.str("model"))
+        tokens = f.raw("tokens")
+        if tokens is None:
+            raise bad_request("'tokens' is required", param="tokens", code="missing_required_parameter")
+        if not isinstance(tokens, list) or not all(is_int(t) for t in tokens):
+            raise bad_request("'tokens' must be an array of token ids", param="tokens", code="invalid_type")
+        vocab = self.engine.tokenizer.vocab_size
+        bad = [t for t in tokens if not 0 <= t < vocab]
+        if bad:
+            raise bad_request(f"token id(s) {bad[:5]} are outside the vocabulary [0, {vocab})", param="tokens")
+        return web.json_response({"prompt": self.engine.tokenizer.decode(tokens)})

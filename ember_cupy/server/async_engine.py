@@ -1,0 +1,345 @@
+"""AsyncEngine: the continuous-batching loop of an LLMEngine, driven from asyncio.
+
+One background task owns the engine. Each iteration it applies the queued admissions and
+aborts (so they take effect between two steps, never during one), then runs `engine.step()` in
+a worker thread, so the event loop keeps serving while the model computes, and hands each
+request's outputs to that request's own asyncio queue. LLMEngine is not thread-safe: nothing
+but this loop touches it once it is running.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import enum
+import itertools
+import logging
+import time
+from collections import deque
+from typing import AsyncIterator, Callable
+
+from ember_cupy.outputs import RequestOutput
+from ember_cupy.sampling_params import SamplingParams
+from ember_cupy.server.metrics import EngineMetrics
+
+log = logging.getLogger("ember_cupy.server")
+
+
+class EngineState(enum.Enum):
+    NEW = "new"
+    LOADING = "loading"
+    READY = "ready"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    DEAD = "dead"
+
+
+class EngineNotReadyError(RuntimeError):
+    """The engine is loading, stopping or stopped: the request cannot be admitted now."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop died; every pending request fails with this."""
+
+
+class EngineOverloadedError(RuntimeError):
+    """The waiting queue is full (max_waiting)."""
+
+
+class RequestStream:
+    """The outputs of one request, in order. Iterate it; close() aborts it if unfinished."""
+
+    def __init__(self, request_id: str, engine: "AsyncEngine"):
+        self.request_id = request_id
+        self._engine = engine
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self.finished = False
+
+    def _put(self, item) -> None:
+        self._queue.put_nowait(item)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        if item.finished:
+            self.finished = True
+        return item
+
+    def close(self) -> None:
+        """Abort the request unless it already finished (a disconnected client, a cancel)."""
+        if not self.finished:
+            self.finished = True
+            self._engine.abort(self.request_id)
+
+
+class _Tracker:
+    """Per-request timing for the latency histograms."""
+    __slots__ = ("arrival", "last_token", "prompt_counted")
+
+    def __init__(self, arrival: float):
+        self.arrival = arrival
+        self.last_token: dict[int, float] = {}
+        self.prompt_counted = False
+
+
+class AsyncEngine:
+    def __init__(self, engine=None, *, factory: Callable[[], object] | None = None,
+                 metrics: EngineMetrics | None = None, max_waiting: int | None = None):
+        if (engine is None) == (factory is None):
+            raise ValueError("AsyncEngine needs exactly one of engine and factory")
+        self.engine = engine
+        self._factory = factory
+        self.metrics = metrics
+        self.max_waiting = max_waiting
+        self.state = EngineState.NEW
+        self.error: str | None = None
+        self._ops: deque = deque()
+        self._streams: dict[str, RequestStream] = {}
+        self._trackers: dict[str, _Tracker] = {}
+        self._num_waiting = 0
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ember-step")
+        self._ids = itertools.count()
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load the engine (in a worker thread, if given a factory) and start the loop."""
+        self._wake = asyncio.Event()
+        if self.engine is None:
+            self.state = EngineState.LOADING
+            try:
+                self.engine = await asyncio.get_running_loop().run_in_executor(self._executor, self._factory)
+            except Exception as exc:
+                self._die(exc, "loading the model failed")
+                raise
+        if self.max_waiting is None:
+            self.max_waiting = getattr(self.engine.config, "max_waiting", None)
+        self.state = EngineState.READY
+        self._refresh_metrics()
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="ember-engine-loop")
+
+    async def shutdown(self, drain_timeout: float = 0.0) -> None:
+        """Stop admitting; let in-flight requests finish for up to drain_timeout seconds,
+        abort the rest, stop the loop and the worker thread."""
+        if self.state in (EngineState.READY, EngineState.LOADING):
+            self.state = EngineState.STOPPING
+        if self._task is not None and not self._task.done():
+            deadline = time.monotonic() + max(0.0, drain_timeout)
+            while self._streams and time.monotonic() < deadline and not self._task.done():
+                await asyncio.sleep(0.02)
+            for request_id in list(self._streams):
+                self.abort(request_id)
+            self._ops.append(("stop",))
+            self._wake.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout=30)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+        if self.state is not EngineState.DEAD:
+            self.state = EngineState.STOPPED
+        if self.metrics:
+            self.metrics.engine_ready.set(0)
+        self._executor.shutdown(wait=False)
+
+    @property
+    def is_ready(self) -> bool:
+        return self.state is EngineState.READY
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    # --- requests -------------------------------------------------------------------------
+    def _check_admission(self) -> None:
+        if self.state is EngineState.DEAD:
+            raise EngineDeadError(f"the engine is dead: {self.error}")
+        if self.state is not EngineState.READY:
+            raise EngineNotReadyError(f"the engine is {self.state.value}")
+        if self.max_waiting is not None:
+            pending = sum(1 for op in self._ops if op[0] == "add")
+            if self._num_waiting + pending >= self.max_waiting:
+                if self.metrics:
+                    self.metrics.requests_rejected.inc()
+                raise EngineOverloadedError(f"the server is overloaded: {self._num_waiting + pending} "
+                                            f"requests are waiting (max_waiting={self.max_waiting})")
+
+    async def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, *,
+                          request_id: str | None = None, priority: int = 0,
+                          cache_salt: str | None = None) -> RequestStream:
+        """Queue a request; returns its stream once the engine has admitted it.
+
+        Raises ValueError (bad input, from the engine), EngineOverloadedError,
+        EngineNotReadyError or EngineDeadError.
+        """
+        self._check_admission()
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        params = params or SamplingParams()
+        stream = RequestStream(request_id, self)
+        admitted = asyncio.get_running_loop().create_future()
+        arrival = time.monotonic()
+        self._ops.append(("add", request_id, prompt, params, priority, cache_salt, arrival, stream, admitted))
+        self._wake.set()
+        try:
+            await admitted
+        except asyncio.CancelledError:
+            stream.close()  # admitted meanwhile? then abort it; else the add is skipped
+            raise
+        return stream
+
+    async def generate(self, prompt, params: SamplingParams | None = None, **kwargs) -> AsyncIterator[RequestOutput]:
+        """`async for output in engine.generate(prompt, params)`; aborts if the caller stops early."""
+        stream = await self.add_request(prompt, params, **kwargs)
+        try:
+            async for output in stream:
+                yield output
+        finally:
+            stream.close()
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request; takes effect before the next step. Safe to call repeatedly."""
+        self._ops.append(("abort", request_id))
+        if self._wake is not None:
+            self._wake.set()
+
+    # --- the loop -------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        engine = self.engine
+        try:
+            while True:
+                if self._apply_ops():
+                    break
+                self._refresh_metrics()
+                if not engine.has_unfinished_requests():
+                    self._wake.clear()
+                    if not self._ops:
+                        await self._wake.wait()
+                    continue
+                outputs = await loop.run_in_executor(self._executor, engine.step)
+                self._dispatch(outputs)
+        except Exception as exc:  # a failing step: fail everything, report it on /health
+            self._die(exc, "the engine loop failed")
+        finally:
+            self._refresh_metrics()
+
+    def _apply_ops(self) -> bool:
+        """Apply queued admissions and aborts; True when asked to stop."""
+        stop = False
+        while self._ops:
+            op = self._ops.popleft()
+            if op[0] == "stop":
+                stop = True
+            elif op[0] == "abort":
+                self._apply_abort(op[1])
+            else:
+                self._apply_add(*op[1:])
+        return stop
+
+    def _apply_add(self, request_id, prompt, params, priority, cache_salt, arrival, stream, admitted) -> None:
+        if admitted.done() or stream.finished:  # the caller left before admission
+            return
+        try:
+            self.engine.add_request(request_id, prompt, params, priority=priority,
+                                    cache_salt=cache_salt, arrival_time=arrival)
+        except Exception as exc:  # ValueError: bad input; anything else: reported, not fatal
+            admitted.set_exception(exc)
+            return
+        self._streams[request_id] = stream
+        self._trackers[request_id] = _Tracker(arrival)
+        admitted.set_result(None)
+
+    def _apply_abort(self, request_id: str) -> None:
+        output = self.engine.abort(request_id)
+        stream = self._streams.pop(request_id, None)
+        tracker = self._trackers.pop(request_id, None)
+        if output is None:
+            return
+        if self.metrics and tracker:
+            self.metrics.request_finished("abort")
+        if stream is not None and not stream.finished:
+            stream._put(output)  # a server-side abort (shutdown): the reader sees finish_reason "abort"
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        now = time.monotonic()
+        for output in outputs:
+            tracker = self._trackers.get(output.request_id)
+            if self.metrics and tracker:
+                self._observe(output, tracker, now)
+            stream = self._streams.get(output.request_id)
+            if output.finished:
+                self._streams.pop(output.request_id, None)
+                self._trackers.pop(output.request_id, None)
+            if stream is not None:
+                stream._put(output)
+
+    def _observe(self, output: RequestOutput, tracker: _Tracker, now: float) -> None:
+        m = self.metrics
+        if not tracker.prompt_counted:
+            tracker.prompt_counted = True
+            m.prompt_tokens.inc(len(output.prompt_token_ids))
+        for completion in output.outputs:
+            new = len(completion.delta_token_ids)
+            if not new:
+                continue
+            m.generation_tokens.inc(new)
+            last = tracker.last_token.get(completion.index)
+            if last is None:
+                if completion.index == 0:
+                    m.time_to_first_token.observe(now - tracker.arrival)
+                new -= 1
+                last = tracker.arrival if completion.index == 0 else now
+            if new > 0:
+                for _ in range(new):
+                    m.inter_token_latency.observe((now - last) / new)
+            tracker.last_token[completion.index] = now
+        if output.finished:
+            m.e2e_request_latency.observe(now - tracker.arrival)
+            stats = output.metrics
+            if stats is not None:
+                if stats.queue_time is not None:
+                    m.request_queue_time.observe(max(0.0, stats.queue_time))
+                if stats.num_preemptions:
+                    m.num_preemptions.inc(stats.num_preemptions)
+            m.request_prompt_tokens.observe(len(output.prompt_token_ids))
+            m.request_generation_tokens.observe(sum(len(c.token_ids) for c in output.outputs))
+            m.request_finished(output.outputs[0].finish_reason if output.outputs else None)
+
+    def _refresh_metrics(self) -> None:
+        engine = self.engine
+        if engine is None:
+            return
+        self._num_waiting = engine.num_waiting
+        if self.metrics:
+            self.metrics.update_engine_state(engine)
+            self.metrics.engine_ready.set(1 if self.state is EngineState.READY else 0)
+
+    def _die(self, exc: BaseException, what: str) -> None:
+        log.exception("%s: %s", what, exc, exc_info=exc)
+        self.state = EngineState.DEAD
+        self.error = f"{what}: {type(exc).__name__}: {exc}"
+        error = EngineDeadError(self.error)
+        for stream in self._streams.values():
+            stream._put(error)
+        self._streams.clear()
+        self._trackers.clear()
+        while self._ops:
+            op = self._ops.popleft()
+            if op[0] == "add" and not op[-1].done():
+                op[-1].set_exception(error)

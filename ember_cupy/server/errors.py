@@ -1,0 +1,80 @@
+"""OpenAI-shaped errors: every failure leaves the server as {"error": {message, type, param, code}}."""
+from __future__ import annotations
+
+import json
+import re
+
+from aiohttp import web
+
+# HTTP status -> OpenAI's error "type".
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable_error",
+}
+
+
+class APIError(Exception):
+    """An error with an HTTP status, rendered in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None, type: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> web.Response:
+        return web.Response(status=self.status, text=json.dumps(self.body()),
+                            content_type="application/json", headers=self.headers)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+_PARAM_IN_MESSAGE = re.compile(r"^SamplingParams\.(\w+)")
+
+
+def from_value_error(exc: ValueError, param: str | None = None) -> APIError:
+    """An engine/SamplingParams ValueError as a 400; the field it names becomes `param`."""
+    message = str(exc) or "invalid request"
+    match = _PARAM_IN_MESSAGE.match(message)
+    if match:
+        param = param or match.group(1)
+        message = message[len("SamplingParams."):]
+    if param is None and "prompt" in message:
+        param = "prompt"
+    code = "context_length_exceeded" if "context" in message else "invalid_value"
+    return APIError(400, message, param=param, code=code)
+
+
+def from_http_exception(exc: web.HTTPException) -> APIError:
+    """aiohttp's own errors (404 route, 405 method, 413 body size) in OpenAI's shape."""
+    status = exc.status
+    codes = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+    message = exc.text or exc.reason
+    if status == 404:
+        message = "no such route"
+    elif status == 405:
+        message = f"method not allowed; allowed: {', '.join(sorted(exc.allowed_methods))}" \
+            if isinstance(exc, web.HTTPMethodNotAllowed) else (exc.reason or "method not allowed")
+    elif status == 413:
+        message = "request body is too large" + (f" ({exc.text})" if exc.text else "")
+    headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
+    return APIError(status, message, code=codes.get(status), headers=headers)

@@ -1,0 +1,119 @@
+"""Running the server: in the foreground with graceful SIGINT/SIGTERM shutdown, or in a
+background thread (tests, embedding)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+
+from aiohttp import web
+
+from ember_cupy.server.api import ServerSettings, build_app
+from ember_cupy.server.async_engine import AsyncEngine, EngineState
+
+log = logging.getLogger("ember_cupy.server")
+
+
+class Server:
+    """One app on one socket. `await start()`, `await stop()`; `port` once started."""
+
+    def __init__(self, engine: AsyncEngine, settings: ServerSettings):
+        self.engine = engine
+        self.settings = settings
+        self.app = build_app(engine, settings)
+        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None,
+                                    shutdown_timeout=max(5.0, settings.drain_timeout + 5.0))
+        self.port: int | None = None
+
+    async def start(self) -> None:
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.settings.host, self.settings.port, reuse_address=True)
+        await site.start()
+        self.port = self.runner.addresses[0][1]
+
+    async def wait_ready(self) -> None:
+        task = self.app.get("engine_start_task")
+        if task is not None:
+            await asyncio.shield(task)
+
+    async def stop(self, drain_timeout: float | None = None) -> None:
+        """Stop admitting (503), let in-flight requests finish for drain_timeout seconds,
+        abort the rest, close the socket."""
+        drain = self.settings.drain_timeout if drain_timeout is None else drain_timeout
+        task = self.app.get("engine_start_task")
+        if task is not None and not task.done():
+            task.cancel()
+        await self.engine.shutdown(drain_timeout=drain)
+        await self.runner.cleanup()
+
+
+async def serve(engine: AsyncEngine, settings: ServerSettings, on_listening=None) -> int:
+    """Serve until SIGINT/SIGTERM; returns an exit status (0 graceful, 1 engine failed to load)."""
+    server = Server(engine, settings)
+    await server.start()
+    log.info("listening on http://%s:%d", settings.host, server.port)
+    if on_listening:
+        on_listening(server)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    stopper = loop.create_task(stop.wait())
+    start = server.app.get("engine_start_task")
+    waits = {stopper} | ({start} if start is not None else set())
+    done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    status = 0
+    if start is not None and start in done and engine.state is EngineState.DEAD:
+        log.error("%s", engine.error)
+        status = 1
+    else:
+        if start in done:
+            log.info("ready: model %s", settings.served_model_names[0])
+            await stopper
+        log.info("shutting down: finishing %d in-flight request(s), at most %.0f s",
+                 engine.num_in_flight, settings.drain_timeout)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.remove_signal_handler(sig)
+    stopper.cancel()
+    await server.stop()
+    log.info("stopped")
+    return status
+
+
+class BackgroundServer:
+    """A server on its own event loop in a daemon thread. Blocks in start() until ready."""
+
+    def __init__(self, engine: AsyncEngine, settings: ServerSettings):
+        self.engine = engine
+        self.settings = settings
+        self.loop = asyncio.new_event_loop()
+        self.server: Server | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="ember-server")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.host}:{self.server.port}"
+
+    def start(self, timeout: float = 120) -> "BackgroundServer":
+        self._thread.start()
+
+        async def boot():
+            self.server = Server(self.engine, self.settings)
+            await self.server.start()
+            await self.server.wait_ready()
+        asyncio.run_coroutine_threadsafe(boot(), self.loop).result(timeout)
+        return self
+
+    def call(self, fn, timeout: float = 60):
+        """Run fn() on the server's loop thread (fn may be a coroutine function)."""
+        async def run():
+            result = fn()
+            return await result if asyncio.iscoroutine(result) else result
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout)
+
+    def stop(self, drain_timeout: float = 0.0) -> None:
+        if self.server is not None:
+            asyncio.run_coroutine_threadsafe(self.server.stop(drain_timeout), self.loop).result(60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)

@@ -1,0 +1,82 @@
+"""aiohttp middlewares: OpenAI-shaped errors, bearer-token auth, opt-in CORS."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+
+from aiohttp import web
+
+from ember_cupy.server.errors import APIError, from_http_exception
+
+log = logging.getLogger("ember_cupy.server")
+
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+
+
+def error_middleware():
+    @web.middleware
+    async def errors(request: web.Request, handler):
+        try:
+            return await handler(request)
+        except APIError as exc:
+            return exc.response()
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return from_http_exception(exc).response()
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception:
+            log.exception("unhandled error in %s %s", request.method, request.path)
+            return APIError(500, "internal server error", code="internal_error").response()
+    return errors
+
+
+def auth_middleware(api_key: str):
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler):
+        if request.method != "OPTIONS" and request.path.startswith(PROTECTED_PREFIXES):
+            got = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(got, expected):
+                message = ("missing Authorization header: expected 'Bearer <api key>'" if not got
+                           else "invalid API key")
+                raise APIError(401, message, code="invalid_api_key",
+                               headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+    return auth
+
+
+def cors_handlers(allowed_origins: list[str]):
+    """(middleware answering preflights, on_response_prepare signal adding the allow header).
+    The header is added on prepare so streamed responses get it too."""
+    any_origin = "*" in allowed_origins
+
+    def allow(origin: str | None) -> str | None:
+        if not origin:
+            return None
+        return "*" if any_origin else (origin if origin in allowed_origins else None)
+
+    @web.middleware
+    async def preflight(request: web.Request, handler):
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            if allow(request.headers.get("Origin")) is None:
+                return APIError(403, "origin not allowed", code="cors_forbidden").response()
+            return web.Response(status=204, headers={
+                "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+                "Access-Control-Allow-Headers": request.headers.get(
+                    "Access-Control-Request-Headers", "Authorization, Content-Type"),
+                "Access-Control-Max-Age": "600",
+            })
+        return await handler(request)
+
+    async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+        origin = allow(request.headers.get("Origin"))
+        if origin is not None:
+            response.headers["Access-Control-Allow-Origin"] = origin
+            if not any_origin:
+                response.headers["Vary"] = "Origin"
+
+    return preflight, on_prepare

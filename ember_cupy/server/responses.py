@@ -1,0 +1,99 @@
+"""OpenAI response bodies and stream chunks built from RequestOutputs."""
+from __future__ import annotations
+
+import json
+import math
+
+from ember_cupy.outputs import CompletionOutput, RequestOutput
+
+_MIN_LOGPROB = -9999.0   # JSON has no -inf
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else _MIN_LOGPROB
+
+
+def sse(payload) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n".encode()
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+class UsageCounter:
+    """Usage summed over the prompts of one request (a batched completion has several)."""
+
+    def __init__(self):
+        self.prompt: dict[int, int] = {}
+        self.cached: dict[int, int] = {}
+        self.completion: dict[tuple[int, int], int] = {}
+
+    def add(self, prompt_index: int, output: RequestOutput) -> None:
+        self.prompt[prompt_index] = len(output.prompt_token_ids)
+        self.cached[prompt_index] = output.num_cached_tokens
+        for c in output.outputs:
+            self.completion[(prompt_index, c.index)] = len(c.token_ids)
+
+    def body(self) -> dict:
+        return usage(sum(self.prompt.values()), sum(self.completion.values()), sum(self.cached.values()))
+
+
+class LogprobFormatter:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def _text(self, token_id: int) -> str:
+        return self.tokenizer.token_bytes_text(token_id)
+
+    def completion(self, entries, text_offset: int) -> dict:
+        """OpenAI's legacy shape: tokens, token_logprobs, top_logprobs, text_offset."""
+        tokens, token_logprobs, tops, offsets = [], [], [], []
+        for entry in entries:
+            text = self._text(entry.token_id)
+            tokens.append(text)
+            token_logprobs.append(_finite(entry.logprob))
+            top = {text: _finite(entry.logprob)}
+            for token_id, logprob in entry.top:
+                top.setdefault(self._text(token_id), _finite(logprob))
+            tops.append(top)
+            offsets.append(text_offset)
+            text_offset += len(text)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops,
+                "text_offset": offsets}
+
+    def chat(self, entries) -> dict:
+        content = []
+        for entry in entries:
+            text = self._text(entry.token_id)
+            content.append({
+                "token": text, "logprob": _finite(entry.logprob), "bytes": list(text.encode("utf-8")),
+                "top_logprobs": [{"token": (t := self._text(tid)), "logprob": _finite(lp),
+                                  "bytes": list(t.encode("utf-8"))} for tid, lp in entry.top],
+            })
+        return {"content": content}
+
+
+def completion_choice(index: int, c: CompletionOutput, text: str, logprobs: dict | None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs,
+            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+
+
+def chat_choice(index: int, c: CompletionOutput, logprobs: dict | None) -> dict:
+    return {"index": index, "message": {"role": "assistant", "content": c.text},
+            "logprobs": logprobs, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+
+
+def envelope(kind: str, response_id: str, created: int, model: str, choices: list, *,
+             stream: bool, usage_body: dict | None = None, include_usage_key: bool = True) -> dict:
+    if kind == "chat":
+        obj = "chat.completion.chunk" if stream else "chat.completion"
+    else:
+        obj = "text_completion"
+    body = {"id": response_id, "object": obj, "created": created, "model": model, "choices": choices}
+    if include_usage_key:
+        body["usage"] = usage_body
+    return body
