@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ember_cupy.ops import _cuda
+from ember_cupy.ops._kernel import array_module, contiguous, i32, int32_array, kernel, stride
+
+# cuda/attention.cu: threads per block, keys per tile, accumulators per thread.
+THREADS, TILE, MAX_ACCUMULATORS = 128, 64, 16
+
 # Upper bound on score-matrix elements per tile, so a long prefill never allocates GBs.
 _MAX_SCORE_ELEMENTS = 1 << 24
 
@@ -17,6 +23,9 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                     block_tables: np.ndarray, context_lens: np.ndarray,
                     query_start_loc: np.ndarray, scale: float) -> np.ndarray:
     """q [T, Hq, D]; caches [num_blocks, block_size, Hk, D] -> out [T, Hq, D]."""
+    if _cuda.wants_kernel(q):
+        return _paged_attention_kernel(q, k_cache, v_cache, block_tables, context_lens,
+                                       query_start_loc, scale)
     out = np.empty_like(q)
     query_lens = np.diff(query_start_loc)
     decodes = np.flatnonzero(query_lens == 1)
@@ -84,3 +93,27 @@ def _prefill_attention(q, k_cache, v_cache, block_table, context_len, scale):
         scores[:, :, future] = -np.inf
         out[:, :, start:stop] = np.matmul(_softmax_inplace(scores), values[:, None])
     return out.transpose(2, 0, 1, 3).reshape(q_len, num_heads, head_dim)
+
+
+def _paged_attention_kernel(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale):
+    """One block per (query token, KV head); q may be a strided view (e.g. into a fused qkv)."""
+    xp = array_module(q)
+    num_tokens, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    if group * head_dim > THREADS * MAX_ACCUMULATORS:
+        raise ValueError(f"paged_attention kernel: group {group} x head_dim {head_dim} exceeds "
+                         f"{THREADS * MAX_ACCUMULATORS} accumulators")
+    out = xp.empty((num_tokens, num_heads, head_dim), dtype=q.dtype)
+    if not num_tokens:
+        return out
+    tables = int32_array(xp, block_tables)
+    shared_floats = group * head_dim + group * TILE + 3 * group
+    kernel("attention.cu", "paged_attention", q.dtype)(
+        (num_tokens, num_kv_heads), (THREADS,),
+        (out, q, contiguous(xp, k_cache, "k_cache"), contiguous(xp, v_cache, "v_cache"), tables,
+         int32_array(xp, context_lens), int32_array(xp, query_start_loc), i32(tables.shape[0]),
+         i32(num_heads), i32(num_kv_heads), i32(head_dim), i32(block_size), i32(tables.shape[1]),
+         stride(q, 0), stride(q, 1), np.float32(scale)),
+        shared_mem=4 * (shared_floats + TILE))
+    return out

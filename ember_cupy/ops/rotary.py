@@ -10,6 +10,11 @@ import math
 
 import numpy as np
 
+from ember_cupy.ops import _cuda
+from ember_cupy.ops._kernel import array_module, i32, int32_array, kernel, stride
+
+THREADS = 128
+
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> np.ndarray:
     """Inverse frequencies, [D/2] float64, with linear or llama3 scaling applied."""
@@ -51,6 +56,8 @@ def rope_cos_sin_cache(head_dim: int, max_positions: int, theta: float,
 def apply_rope(q: np.ndarray, k: np.ndarray, positions: np.ndarray, cos_sin_cache: np.ndarray,
                is_neox: bool = True) -> None:
     """Rotate q [T, Hq, D] and k [T, Hk, D] in place by each token's position [T]."""
+    if _cuda.wants_kernel(q):
+        return _apply_rope_kernel(q, k, positions, cos_sin_cache, is_neox)
     half = q.shape[-1] // 2
     cos_sin = cos_sin_cache[positions]
     cos = cos_sin[:, None, :half]
@@ -63,3 +70,15 @@ def apply_rope(q: np.ndarray, k: np.ndarray, positions: np.ndarray, cos_sin_cach
         rotated_first = first * cos - second * sin
         second[...] = second * cos + first * sin
         first[...] = rotated_first
+
+
+def _apply_rope_kernel(q, k, positions, cos_sin_cache, is_neox: bool) -> None:
+    xp = array_module(q)
+    num_tokens, num_heads, head_dim = q.shape
+    if not num_tokens:
+        return
+    cos_sin = xp.ascontiguousarray(cos_sin_cache, dtype=xp.float32)
+    kernel("rotary.cu", "rotary", q.dtype)(
+        (num_tokens,), (THREADS,),
+        (q, k, int32_array(xp, positions), cos_sin, i32(num_heads), i32(k.shape[1]), i32(head_dim),
+         stride(q, 0), stride(q, 1), stride(k, 0), stride(k, 1), i32(bool(is_neox))))
