@@ -68,8 +68,8 @@ class BlockManager:
         computed to produce logits. Returns the number of tokens served from the cache.
         """
         assert not seq.block_table and seq.num_computed_tokens == 0
-        if not self.enable_prefix_caching:
-            return 0
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
+            return 0  # prompt logprobs need the logits of every prompt position
         bs = self.block_size
         parent = None
         for start in range(0, seq.num_tokens - 1 - bs + 1, bs):

@@ -5,12 +5,12 @@ import time
 
 import numpy as np
 
-from ember_cupy.backend import get_xp
+from ember_cupy.backend import get_xp, to_numpy
 from ember_cupy.config import EngineConfig
 from ember_cupy.detokenizer import IncrementalDetokenizer
 from ember_cupy.engine.block_manager import BlockManager
 from ember_cupy.engine.request import Request
-from ember_cupy.engine.sampler import Sampler
+from ember_cupy.engine.sampler import Sampler, TokenLogprobs, log_softmax, top_logprobs
 from ember_cupy.engine.scheduler import Scheduler
 from ember_cupy.engine.sequence import Sequence, SequenceStats
 from ember_cupy.model.checkpoint import Checkpoint
@@ -121,11 +121,13 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
-        logits, sampling_seqs = self.runner.execute(batch)
+        step_logits = self.runner.execute(batch)
         for seq, num_tokens in batch.scheduled:
             seq.num_computed_tokens += num_tokens
             self.block_manager.cache_full_blocks(seq)
-        sampling_seqs, logits = self._fork_pending(sampling_seqs, logits)
+        for seq, first_position, logits in step_logits.prompt_logits:
+            self._record_prompt_logprobs(seq, first_position, logits)
+        sampling_seqs, logits = self._fork_pending(step_logits.sampling_seqs, step_logits.sampling_logits)
         sampled = self.sampler(logits, sampling_seqs)
         now = time.monotonic()
         touched = []
@@ -134,6 +136,18 @@ class LLMEngine:
             self._append_token(request, seq, token_id, logprobs, now)
             touched.append(request)
         return self._collect_outputs(touched)
+
+    def _record_prompt_logprobs(self, seq: Sequence, first_position: int, logits) -> None:
+        """Logits at position p score prompt token p + 1; entry 0 (nothing before it) is None."""
+        request = self.requests[seq.request_id]
+        if request.prompt_logprobs is None:
+            request.prompt_logprobs = [None] * seq.num_prompt_tokens
+        logprobs = log_softmax(to_numpy(logits).astype(np.float32))
+        k = request.params.prompt_logprobs
+        for offset, row in enumerate(logprobs):
+            target = first_position + offset + 1
+            token = seq.prompt_token_ids[target]
+            request.prompt_logprobs[target] = TokenLogprobs(token, float(row[token]), top_logprobs(row, k))
 
     def _fork_pending(self, seqs: list[Sequence], logits):
         """n > 1: once the parent's prompt is computed, fork n-1 children sharing its blocks,

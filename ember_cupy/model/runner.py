@@ -1,6 +1,8 @@
 """Turns a scheduled batch into one forward pass over the paged KV pool."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from ember_cupy.config import EngineConfig, ModelConfig
@@ -28,12 +30,18 @@ class ModelRunner:
         self.kv_caches = [(xp.zeros(shape, dtype), xp.zeros(shape, dtype))
                           for _ in range(self.model_config.num_layers)]
 
-    def execute(self, batch: ScheduledBatch) -> tuple[object, list[Sequence]]:
-        """Run the batch; returns logits [N, vocab] for the N sequences that sample now."""
+    def execute(self, batch: ScheduledBatch) -> "StepLogits":
+        """Run the batch; logits of the sequences that sample now, and of prompt positions
+        whose logprobs were asked for."""
         self._copy_blocks(batch.block_copies)
-        input_ids, metadata, sampling = self._prepare(batch.scheduled)
+        input_ids, metadata, rows = self._prepare(batch.scheduled)
         logits = self.model.forward(input_ids, metadata, self.kv_caches)
-        return logits, sampling
+        num_prompt_rows = sum(len(r) for _, _, r in rows.prompt)
+        prompt, offset = [], 0
+        for seq, first_position, seq_rows in rows.prompt:
+            prompt.append((seq, first_position, logits[offset:offset + len(seq_rows)]))
+            offset += len(seq_rows)
+        return StepLogits(logits[num_prompt_rows:], rows.sampling, prompt)
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:
@@ -64,11 +72,40 @@ class ModelRunner:
                      - np.repeat(query_start_loc[:-1], query_lens) + np.repeat(starts, query_lens))
         slot_mapping = (block_tables[row_seq, positions // block_size] * block_size
                         + positions % block_size).astype(np.int32)
-        sampling = [i for i, (seq, n) in enumerate(scheduled) if seq.num_computed_tokens + n == seq.num_tokens]
-        logits_indices = query_start_loc[1:][sampling] - 1
+        rows = self._logits_rows(scheduled, query_start_loc)
+        prompt_indices = [r for _, _, seq_rows in rows.prompt for r in seq_rows]
+        logits_indices = np.array(prompt_indices + rows.sampling_rows, dtype=np.int64)
         xp = self.xp
         metadata = BatchMetadata(
             positions=xp.asarray(positions), slot_mapping=xp.asarray(slot_mapping),
             block_tables=xp.asarray(block_tables), context_lens=xp.asarray(context_lens),
             query_start_loc=xp.asarray(query_start_loc), logits_indices=xp.asarray(logits_indices))
-        return xp.asarray(input_ids), metadata, [scheduled[i][0] for i in sampling]
+        return xp.asarray(input_ids), metadata, rows
+
+    @staticmethod
+    def _logits_rows(scheduled, query_start_loc) -> "_LogitsRows":
+        rows = _LogitsRows()
+        for i, (seq, num_tokens) in enumerate(scheduled):
+            start, first_row = seq.num_computed_tokens, int(query_start_loc[i])
+            if start + num_tokens == seq.num_tokens:
+                rows.sampling.append(seq)
+                rows.sampling_rows.append(first_row + num_tokens - 1)
+            last_scored = seq.num_prompt_tokens - 2   # logits at position p score prompt token p + 1
+            if seq.params.prompt_logprobs is not None and start <= last_scored:
+                count = min(num_tokens, last_scored - start + 1)
+                rows.prompt.append((seq, start, list(range(first_row, first_row + count))))
+        return rows
+
+
+@dataclass
+class _LogitsRows:
+    sampling: list = field(default_factory=list)        # sequences that sample a token now
+    sampling_rows: list = field(default_factory=list)   # their last row in the batch
+    prompt: list = field(default_factory=list)          # (seq, first position, rows) for prompt logprobs
+
+
+@dataclass
+class StepLogits:
+    sampling_logits: object                 # [len(sampling_seqs), vocab]
+    sampling_seqs: list[Sequence]
+    prompt_logits: list[tuple[Sequence, int, object]]   # (seq, first position, [rows, vocab])
