@@ -7,7 +7,7 @@
 //
 // One block per (query token, KV head) serves the whole GQA group of that head, so each K/V row
 // is read once per group. Keys are visited in tiles of kTile with a one-pass online softmax:
-//   1. scores: warp w computes q.k for keys w, w + warps, ... (lanes split D; warp_sum);
+//   1. scores: thread j computes q.k of key j of the tile for every head of the group;
 //   2. softmax: warp w updates the running max/sum of group heads w, w + warps, ...;
 //   3. values: thread t accumulates elements t, t + blockDim of the [group, D] output.
 // NumPy twin: ember_cupy/ops/attention.py.
@@ -16,7 +16,8 @@
 namespace ember {
 
 constexpr int kAttentionThreads = 128;
-constexpr int kTile = 64;
+constexpr int kTile = 128;  // keys per tile
+constexpr int kGroupChunk = 8;
 constexpr int kMaxAccumulators = 16;  // group * head_dim <= kAttentionThreads * kMaxAccumulators
 
 __device__ __forceinline__ int sequence_of(const int* query_start_loc, int num_seqs, int token) {
@@ -48,22 +49,30 @@ __device__ __forceinline__ AttentionShared carve(float* base, int group, int hea
   return s;
 }
 
-// Step 1: raw scores of keys [first, first + n) for every head of the group.
+// Step 1: thread j scores key first + j against every head of the group (no cross-thread
+// reduction); group heads are taken kGroupChunk at a time to bound the registers.
 template <class T>
 __device__ void tile_scores(const AttentionShared& s, const T* k_cache, const int* table, int first, int n,
                             int group, int head_dim, int block_size, long long kv_offset, int row) {
-  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  for (int j = threadIdx.x >> 5; j < n; j += warps) {
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
     const int key = first + j;
     const int slot = table[key / block_size] * block_size + key % block_size;
     const T* k = k_cache + (long long)slot * row + kv_offset;
-    for (int g = 0; g < group; ++g) {
-      float dot = 0.0f;
-      for (int d = lane; d < head_dim; d += 32) dot += s.q[g * head_dim + d] * to_float(k[d]);
-      dot = warp_sum(dot);
-      if (lane == 0) s.probs[g * kTile + j] = dot;
+    s.slots[j] = slot;
+    for (int g0 = 0; g0 < group; g0 += kGroupChunk) {
+      float dot[kGroupChunk];
+#pragma unroll
+      for (int c = 0; c < kGroupChunk; ++c) dot[c] = 0.0f;
+      for (int d = 0; d < head_dim; ++d) {
+        const float kd = to_float(k[d]);
+#pragma unroll
+        for (int c = 0; c < kGroupChunk; ++c)
+          if (g0 + c < group) dot[c] += s.q[(g0 + c) * head_dim + d] * kd;
+      }
+#pragma unroll
+      for (int c = 0; c < kGroupChunk; ++c)
+        if (g0 + c < group) s.probs[(g0 + c) * kTile + j] = dot[c];
     }
-    if (lane == 0) s.slots[j] = slot;
   }
 }
 

@@ -13,7 +13,7 @@ from ember_cupy.ops import _cuda
 from ember_cupy.ops._kernel import array_module, contiguous, i32, int32_array, kernel, stride
 
 # cuda/attention.cu: threads per block, keys per tile, accumulators per thread.
-THREADS, TILE, MAX_ACCUMULATORS = 128, 64, 16
+THREADS, TILE, MAX_ACCUMULATORS = 128, 128, 16
 
 # Upper bound on score-matrix elements per tile, so a long prefill never allocates GBs.
 _MAX_SCORE_ELEMENTS = 1 << 24
