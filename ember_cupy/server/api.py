@@ -22,6 +22,7 @@ log = logging.getLogger("ember_cupy.server")
 ENGINE_KEY = web.AppKey("engine", AsyncEngine)
 SERVING_KEY = web.AppKey("serving", OpenAIServing)
 SETTINGS_KEY = web.AppKey("settings", object)
+START_TASK_KEY = web.AppKey("engine_start_task", asyncio.Task)
 
 
 @dataclass
@@ -72,7 +73,7 @@ async def _start_engine(app: web.Application) -> None:
     if engine.state is EngineState.NEW:  # load in the background: /health says 503 meanwhile
         task = asyncio.get_running_loop().create_task(engine.start())
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # reported on /health
-        app["engine_start_task"] = task
+        app[START_TASK_KEY] = task
 
 
 async def _stop_engine(app: web.Application) -> None:

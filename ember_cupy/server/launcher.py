@@ -9,7 +9,7 @@ import threading
 
 from aiohttp import web
 
-from ember_cupy.server.api import ServerSettings, build_app
+from ember_cupy.server.api import START_TASK_KEY, ServerSettings, build_app
 from ember_cupy.server.async_engine import AsyncEngine, EngineState
 
 log = logging.getLogger("ember_cupy.server")
@@ -33,7 +33,7 @@ class Server:
         self.port = self.runner.addresses[0][1]
 
     async def wait_ready(self) -> None:
-        task = self.app.get("engine_start_task")
+        task = self.app.get(START_TASK_KEY)
         if task is not None:
             await asyncio.shield(task)
 
@@ -41,7 +41,7 @@ class Server:
         """Stop admitting (503), let in-flight requests finish for drain_timeout seconds,
         abort the rest, close the socket."""
         drain = self.settings.drain_timeout if drain_timeout is None else drain_timeout
-        task = self.app.get("engine_start_task")
+        task = self.app.get(START_TASK_KEY)
         if task is not None and not task.done():
             task.cancel()
         await self.engine.shutdown(drain_timeout=drain)
@@ -60,7 +60,7 @@ async def serve(engine: AsyncEngine, settings: ServerSettings, on_listening=None
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     stopper = loop.create_task(stop.wait())
-    start = server.app.get("engine_start_task")
+    start = server.app.get(START_TASK_KEY)
     waits = {stopper} | ({start} if start is not None else set())
     done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     status = 0

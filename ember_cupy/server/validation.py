@@ -23,8 +23,8 @@ async def read_json_body(request: web.Request) -> dict:
                        code="unsupported_media_type")
     try:
         raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise APIError(413, f"request body is too large: at most {exc.max_size} bytes",
+    except web.HTTPRequestEntityTooLarge:
+        raise APIError(413, f"request body is too large: at most {request.app._client_max_size} bytes",
                        code="request_too_large") from None
     if not raw.strip():
         raise bad_request("request body is empty; expected a JSON object", code="invalid_json")

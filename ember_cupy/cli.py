@@ -1,0 +1,258 @@
+"""`ember-cupy serve | generate | chat`. Every flag can also be set by an EMBER_* environment
+variable named after it (--max-num-seqs -> EMBER_MAX_NUM_SEQS); a flag on the command line wins."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import sys
+import time
+
+from ember_cupy.config import DTYPES, POLICIES, EngineConfig
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '1073741824', '512MiB', '1G', '1.5GB' (K/M/G/T are binary multiples)."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 512MiB, 2G)")
+    number, unit = float(match.group(1)), match.group(2).lower()
+    return int(number * (1 << (10 * "_kmgt".index(unit or "_"))))
+
+
+def parse_bool(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+
+
+def _env_name(flag: str) -> str:
+    return "EMBER_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def _add(parser: argparse.ArgumentParser, flag: str, **kwargs) -> None:
+    """add_argument whose default comes from EMBER_<FLAG> when that is set."""
+    env = _env_name(flag)
+    kwargs["help"] = f"{kwargs.get('help', '')} [env {env}]".strip()
+    if env in os.environ:
+        raw = os.environ[env]
+        try:
+            if kwargs.get("action") in (argparse.BooleanOptionalAction, "store_true"):
+                kwargs["default"] = parse_bool(raw)
+            elif kwargs.get("nargs") in ("+", "*"):
+                kwargs["default"] = [kwargs.get("type", str)(v) for v in raw.replace(",", " ").split()]
+            else:
+                kwargs["default"] = kwargs.get("type", str)(raw)
+        except (ValueError, argparse.ArgumentTypeError) as exc:
+            raise SystemExit(f"ember-cupy: error: {env}={raw!r}: {exc}") from None
+    parser.add_argument(flag, **kwargs)
+
+
+def _engine_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("model and engine")
+    _add(g, "--model", default=None, help="a .gguf file or a Hugging Face directory (default: SmolLM2-135M-Instruct)")
+    _add(g, "--max-num-seqs", type=int, default=64, help="sequences per step")
+    _add(g, "--max-num-batched-tokens", type=int, default=1024, help="tokens per step")
+    _add(g, "--max-model-len", type=int, default=None, help="context length (default: the model's, capped by the KV pool)")
+    _add(g, "--block-size", type=int, default=16, help="tokens per KV-cache block")
+    _add(g, "--kv-cache-memory", type=parse_size, default=1 << 30, help="bytes for the KV cache, e.g. 512MiB")
+    _add(g, "--num-kv-blocks", type=int, default=None, help="KV blocks (overrides --kv-cache-memory)")
+    _add(g, "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+         help="reuse the KV of shared prompt prefixes")
+    _add(g, "--policy", choices=POLICIES, default="fcfs", help="waiting-queue order")
+    _add(g, "--max-waiting", type=int, default=None, help="bound on queued requests; past it: 503 + Retry-After")
+    _add(g, "--dtype", choices=DTYPES, default="auto", help="weights / KV dtype")
+    _add(g, "--no-progress", action="store_true", default=False, help="no progress bar while loading")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ember-cupy", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    _engine_flags(serve)
+    g = serve.add_argument_group("server")
+    _add(g, "--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    _add(g, "--port", type=int, default=8000)
+    _add(g, "--served-model-name", nargs="+", default=None, help="model name(s) clients use")
+    _add(g, "--api-key", default=None, help="require 'Authorization: Bearer <key>' on /v1/*")
+    _add(g, "--allowed-origins", nargs="+", default=[], help="CORS origins ('*' for any); off when unset")
+    _add(g, "--max-request-body-bytes", type=parse_size, default=4 << 20, help="larger bodies get 413")
+    _add(g, "--drain-timeout", type=float, default=10.0,
+         help="on SIGINT/SIGTERM, seconds in-flight requests may finish before being aborted")
+    _add(g, "--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    for name, text in (("generate", "one-shot generation, streamed to the terminal"),
+                       ("chat", "interactive chat with the model's chat template")):
+        p = sub.add_parser(name, help=text)
+        if name == "generate":
+            p.add_argument("prompt", nargs="?", default=None, help="the prompt (default: read stdin)")
+        else:
+            _add(p, "--system", default=None, help="system message")
+        _engine_flags(p)
+        s = p.add_argument_group("sampling")
+        _add(s, "--max-tokens", type=int, default=256 if name == "generate" else 512)
+        _add(s, "--temperature", type=float, default=0.7)
+        _add(s, "--top-p", type=float, default=1.0)
+        _add(s, "--top-k", type=int, default=0)
+        _add(s, "--seed", type=int, default=None)
+        _add(s, "--stop", nargs="+", default=[])
+    return parser
+
+
+def engine_config(args) -> EngineConfig:
+    return EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                        max_model_len=args.max_model_len, block_size=args.block_size,
+                        kv_cache_memory=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
+                        enable_prefix_caching=args.enable_prefix_caching, policy=args.policy,
+                        max_waiting=args.max_waiting, dtype=args.dtype)
+
+
+class ProgressBar:
+    """A one-line loading bar on stderr: (done, total) callbacks from the loader."""
+
+    def __init__(self, label: str = "Loading model", stream=sys.stderr, width: int = 30):
+        self.label, self.stream, self.width = label, stream, width
+        self.tty = stream.isatty()
+        self.start = time.monotonic()
+        self._last_percent = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        percent = int(100 * done / total) if total else 100
+        if percent == self._last_percent or (not self.tty and percent not in (0, 100)):
+            return
+        self._last_percent = percent
+        filled = self.width * percent // 100
+        line = (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {percent:3d}% "
+                f"({done}/{total}) {time.monotonic() - self.start:.1f}s")
+        self.stream.write(("\r" + line) if self.tty else line + "\n")
+        if self.tty and done >= total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def _load_engine(args):
+    from ember_cupy.engine.llm_engine import LLMEngine
+    progress = None if args.no_progress else ProgressBar()
+    return LLMEngine(args.model, engine_config(args), progress=progress)
+
+
+def served_names(args) -> list[str]:
+    if args.served_model_name:
+        return list(args.served_model_name)
+    if args.model:
+        base = os.path.basename(os.path.normpath(args.model))
+        return [base[:-5] if base.endswith(".gguf") else base]
+    return ["SmolLM2-135M-Instruct"]
+
+
+def cmd_serve(args) -> int:
+    from ember_cupy.server import AsyncEngine, EngineMetrics, ServerSettings, serve
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine_config(args)   # bad flags fail here, before the socket opens
+    names = served_names(args)
+    settings = ServerSettings(host=args.host, port=args.port, served_model_names=names,
+                              api_key=args.api_key or None, allowed_origins=list(args.allowed_origins or []),
+                              max_body_bytes=args.max_request_body_bytes, drain_timeout=args.drain_timeout,
+                              model_path=args.model)
+    engine = AsyncEngine(factory=lambda: _load_engine(args), metrics=EngineMetrics(names[0]),
+                         max_waiting=args.max_waiting)
+    return asyncio.run(serve(engine, settings))
+
+
+def _sampling(args):
+    from ember_cupy.sampling_params import SamplingParams
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, seed=args.seed, stop=tuple(args.stop or ()))
+
+
+def _stream(engine, request_id: str, prompt, params, out=sys.stdout) -> tuple[int, float]:
+    """Run one request, printing text as it comes; returns (tokens, seconds)."""
+    start = time.monotonic()
+    engine.add_request(request_id, prompt, params)
+    tokens = 0
+    try:
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                completion = output.outputs[0]
+                tokens += len(completion.delta_token_ids)
+                out.write(completion.delta_text)
+                out.flush()
+    except KeyboardInterrupt:
+        engine.abort(request_id)
+        out.write(" [interrupted]")
+    out.write("\n")
+    return tokens, time.monotonic() - start
+
+
+def cmd_generate(args) -> int:
+    params = _sampling(args)
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    engine = _load_engine(args)
+    tokens, seconds = _stream(engine, "generate-0", prompt, params)
+    print(f"[{tokens} tokens in {seconds:.2f}s, {tokens / max(seconds, 1e-9):.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args) -> int:
+    params = _sampling(args)
+    engine = _load_engine(args)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(system)
+    print("chat with the model; /reset clears the conversation, Ctrl-D quits", file=sys.stderr)
+    turn = 0
+    while True:
+        try:
+            line = input(">>> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return 0
+        if not line.strip():
+            continue
+        if line.strip() == "/reset":
+            messages = list(system)
+            continue
+        messages.append({"role": "user", "content": line})
+        prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        reply = _Capture(sys.stdout)
+        _stream(engine, f"chat-{turn}", prompt, params, out=reply)
+        messages.append({"role": "assistant", "content": reply.text})
+        turn += 1
+
+
+class _Capture:
+    def __init__(self, out):
+        self.out, self.text = out, ""
+
+    def write(self, text: str) -> None:
+        if text != "\n" or self.text:
+            self.text += text
+        self.out.write(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            return cmd_serve(args)
+        if args.command == "generate":
+            return cmd_generate(args)
+        return cmd_chat(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"ember-cupy: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Raw HTTP and /metrics helpers for the server tests."""
+from __future__ import annotations
+
+import json
+import re
+import socket
+import urllib.error
+import urllib.request
+
+
+def http(base_url: str, method: str, path: str, body=None, headers: dict | None = None,
+         timeout: float = 60) -> tuple[int, dict, bytes]:
+    """One raw HTTP request: (status, headers, body bytes). body: bytes, or JSON-encodable."""
+    headers = dict(headers or {})
+    if body is not None and not isinstance(body, bytes):
+        body = json.dumps(body).encode()
+        headers.setdefault("Content-Type", "application/json")
+    request = urllib.request.Request(base_url + path, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def metric(base_url: str, name: str, **labels) -> float | None:
+    """The value of one sample on /metrics (summed over label sets matching `labels`)."""
+    _, _, text = http(base_url, "GET", "/metrics")
+    total, found = 0.0, False
+    for line in text.decode().splitlines():
+        match = re.match(r"^([\w:]+)(\{[^}]*\})?\s+(\S+)$", line)
+        if not match or match.group(1) != name:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            total += float(match.group(3))
+            found = True
+    return total if found else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

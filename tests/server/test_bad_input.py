@@ -1,0 +1,148 @@
+"""Bad input of every kind gets a 4xx with {"error": {message, type, param, code}}: never a 500,
+never a hang, never a leaked KV block."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import BODY_LIMIT, MAX_MODEL_LEN, MODEL
+from server_helpers import http, metric
+
+C, CH = "/v1/completions", "/v1/chat/completions"
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def comp(**fields):
+    return {"model": MODEL, "prompt": "hello", "max_tokens": 2, **fields}
+
+
+def chat(**fields):
+    return {"model": MODEL, "messages": MSG, "max_tokens": 2, **fields}
+
+
+JSON = {"Content-Type": "application/json"}
+LONG_PROMPT = "word " * (MAX_MODEL_LEN + 50)
+
+# (id, method, path, body, headers, status, param)
+CASES = [
+    # body syntax, content type, size
+    ("malformed-json", "POST", C, b'{"prompt": "x",', JSON, 400, None),
+    ("empty-body", "POST", C, b"", JSON, 400, None),
+    ("json-array-body", "POST", C, b"[1, 2]", JSON, 400, None),
+    ("json-string-body", "POST", CH, b'"hello"', JSON, 400, None),
+    ("nan-literal", "POST", C, b'{"prompt": "x", "temperature": NaN}', JSON, 400, None),
+    ("not-utf8", "POST", C, b'{"prompt": "\xff\xfe"}', JSON, 400, None),
+    ("wrong-content-type", "POST", C, json.dumps(comp()).encode(), {"Content-Type": "text/plain"}, 415, None),
+    ("no-content-type", "POST", CH, json.dumps(chat()).encode(), {}, 415, None),
+    ("form-content-type", "POST", C, b"prompt=x", {"Content-Type": "application/x-www-form-urlencoded"}, 415, None),
+    ("body-too-large", "POST", C, json.dumps(comp(prompt="x" * (BODY_LIMIT + 10))).encode(), JSON, 413, None),
+    # routes and methods
+    ("unknown-route", "GET", "/v1/nothing", None, {}, 404, None),
+    ("wrong-method", "GET", C, None, {}, 405, None),
+    ("wrong-method-chat", "PUT", CH, chat(), {}, 405, None),
+    ("unknown-model", "POST", C, comp(model="gpt-9"), {}, 404, "model"),
+    ("unknown-model-chat", "POST", CH, chat(model="gpt-9"), {}, 404, "model"),
+    ("unknown-model-route", "GET", "/v1/models/gpt-9", None, {}, 404, "model"),
+    # completions: prompt
+    ("missing-prompt", "POST", C, {"model": MODEL}, {}, 400, "prompt"),
+    ("empty-prompt", "POST", C, comp(prompt=""), {}, 400, "prompt"),
+    ("empty-prompt-list", "POST", C, comp(prompt=[]), {}, 400, "prompt"),
+    ("prompt-number", "POST", C, comp(prompt=5), {}, 400, "prompt"),
+    ("prompt-mixed-list", "POST", C, comp(prompt=["a", 1]), {}, 400, "prompt"),
+    ("prompt-token-out-of-vocab", "POST", C, comp(prompt=[1, 10_000_000]), {}, 400, "prompt"),
+    ("prompt-negative-token", "POST", C, comp(prompt=[-1]), {}, 400, "prompt"),
+    ("prompt-too-long", "POST", C, comp(prompt=LONG_PROMPT), {}, 400, "prompt"),
+    ("prompt-plus-max-tokens-too-long", "POST", C, comp(prompt="hi", max_tokens=MAX_MODEL_LEN), {}, 400, "prompt"),
+    # sampling fields: types and ranges
+    ("max-tokens-zero", "POST", C, comp(max_tokens=0), {}, 400, "max_tokens"),
+    ("max-tokens-string", "POST", C, comp(max_tokens="5"), {}, 400, "max_tokens"),
+    ("max-tokens-float", "POST", C, comp(max_tokens=2.5), {}, 400, "max_tokens"),
+    ("temperature-negative", "POST", C, comp(temperature=-0.5), {}, 400, "temperature"),
+    ("temperature-string", "POST", C, comp(temperature="hot"), {}, 400, "temperature"),
+    ("temperature-bool", "POST", C, comp(temperature=True), {}, 400, "temperature"),
+    ("top-p-zero", "POST", C, comp(top_p=0), {}, 400, "top_p"),
+    ("top-p-above-one", "POST", C, comp(top_p=1.5), {}, 400, "top_p"),
+    ("top-k-invalid", "POST", C, comp(top_k=-5), {}, 400, "top_k"),
+    ("min-p-above-one", "POST", C, comp(min_p=2), {}, 400, "min_p"),
+    ("presence-penalty-range", "POST", C, comp(presence_penalty=3), {}, 400, "presence_penalty"),
+    ("frequency-penalty-range", "POST", C, comp(frequency_penalty=-3), {}, 400, "frequency_penalty"),
+    ("repetition-penalty-zero", "POST", C, comp(repetition_penalty=0), {}, 400, "repetition_penalty"),
+    ("n-zero", "POST", C, comp(n=0), {}, 400, "n"),
+    ("n-too-large", "POST", C, comp(n=1000), {}, 400, "n"),
+    ("logprobs-too-many", "POST", C, comp(logprobs=50), {}, 400, "logprobs"),
+    ("logprobs-bool-in-completions", "POST", C, comp(logprobs=True), {}, 400, "logprobs"),
+    ("seed-string", "POST", C, comp(seed="abc"), {}, 400, "seed"),
+    ("seed-too-large", "POST", C, comp(seed=1 << 70), {}, 400, "seed"),
+    ("stop-number", "POST", C, comp(stop=5), {}, 400, "stop"),
+    ("stop-empty-string", "POST", C, comp(stop=[""]), {}, 400, "stop"),
+    ("stop-too-many", "POST", C, comp(stop=[str(i) for i in range(40)]), {}, 400, "stop"),
+    ("stop-token-ids-out-of-vocab", "POST", C, comp(stop_token_ids=[10_000_000]), {}, 400, "stop_token_ids"),
+    ("logit-bias-bad-key", "POST", C, comp(logit_bias={"abc": 1}), {}, 400, "logit_bias"),
+    ("logit-bias-out-of-range", "POST", C, comp(logit_bias={"5": 500}), {}, 400, "logit_bias"),
+    ("logit-bias-out-of-vocab", "POST", C, comp(logit_bias={"99999999": 1}), {}, 400, "logit_bias"),
+    ("logit-bias-not-object", "POST", C, comp(logit_bias=[1, 2]), {}, 400, "logit_bias"),
+    ("min-tokens-over-max", "POST", C, comp(min_tokens=10, max_tokens=2), {}, 400, "min_tokens"),
+    ("stream-not-bool", "POST", C, comp(stream="yes"), {}, 400, "stream"),
+    ("stream-options-without-stream", "POST", C, comp(stream_options={"include_usage": True}), {}, 400,
+     "stream_options"),
+    ("unknown-field", "POST", C, comp(temprature=0.5), {}, 400, "temprature"),
+    ("suffix-unsupported", "POST", C, comp(suffix="x"), {}, 400, "suffix"),
+    ("echo-with-logprobs", "POST", C, comp(echo=True, logprobs=1), {}, 400, "echo"),
+    ("best-of-unsupported", "POST", C, comp(best_of=3), {}, 400, "best_of"),
+    ("cache-salt-empty", "POST", C, comp(cache_salt=""), {}, 400, "cache_salt"),
+    ("priority-string", "POST", C, comp(priority="high"), {}, 400, "priority"),
+    ("model-not-string", "POST", C, comp(model=5), {}, 400, "model"),
+    # chat
+    ("missing-messages", "POST", CH, {"model": MODEL}, {}, 400, "messages"),
+    ("empty-messages", "POST", CH, chat(messages=[]), {}, 400, "messages"),
+    ("messages-not-list", "POST", CH, chat(messages="hi"), {}, 400, "messages"),
+    ("message-not-object", "POST", CH, chat(messages=["hi"]), {}, 400, "messages"),
+    ("message-bad-role", "POST", CH, chat(messages=[{"role": "wizard", "content": "hi"}]), {}, 400, "messages"),
+    ("message-missing-content", "POST", CH, chat(messages=[{"role": "user"}]), {}, 400, "messages"),
+    ("message-content-number", "POST", CH, chat(messages=[{"role": "user", "content": 5}]), {}, 400, "messages"),
+    ("chat-too-long", "POST", CH, chat(messages=[{"role": "user", "content": LONG_PROMPT}]), {}, 400, "prompt"),
+    ("top-logprobs-without-logprobs", "POST", CH, chat(top_logprobs=2), {}, 400, "top_logprobs"),
+    ("top-logprobs-too-many", "POST", CH, chat(logprobs=True, top_logprobs=99), {}, 400, "top_logprobs"),
+    ("chat-logprobs-int", "POST", CH, chat(logprobs=3), {}, 400, "logprobs"),
+    ("max-completion-tokens-zero", "POST", CH, chat(max_completion_tokens=0), {}, 400, "max_completion_tokens"),
+    ("response-format-json", "POST", CH, chat(response_format={"type": "json_object"}), {}, 400, "response_format"),
+    ("tools-unsupported", "POST", CH, chat(tools=[{"type": "function", "function": {"name": "f"}}]), {}, 400,
+     "tools"),
+    # tokenizer routes
+    ("tokenize-no-input", "POST", "/tokenize", {"model": MODEL}, {}, 400, "prompt"),
+    ("tokenize-prompt-number", "POST", "/tokenize", {"prompt": 5}, {}, 400, "prompt"),
+    ("detokenize-missing", "POST", "/detokenize", {}, {}, 400, "tokens"),
+    ("detokenize-bad-ids", "POST", "/detokenize", {"tokens": [1, "a"]}, {}, 400, "tokens"),
+    ("detokenize-out-of-vocab", "POST", "/detokenize", {"tokens": [10_000_000]}, {}, 400, "tokens"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(base_url, case):
+    _, method, path, body, headers, status, param = case
+    got, response_headers, raw = http(base_url, method, path, body, headers, timeout=30)
+    assert got == status, raw
+    assert response_headers.get("Content-Type", "").startswith("application/json")
+    error = json.loads(raw)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str) and error["type"]
+    if param is not None:
+        assert error["param"] == param, error
+
+
+def test_matrix_is_large_enough():
+    assert len(CASES) >= 40
+
+
+def test_no_blocks_leaked_by_bad_input(base_url):
+    total = metric(base_url, "ember:kv_cache_total_blocks")
+    for _ in range(100):  # other tests' requests may still be finishing
+        if metric(base_url, "ember:kv_cache_free_blocks") == total and \
+                metric(base_url, "ember:num_requests_running") == 0:
+            break
+        import time
+        time.sleep(0.1)
+    assert metric(base_url, "ember:kv_cache_free_blocks") == total
+    assert metric(base_url, "ember:num_requests_waiting") == 0
