@@ -87,7 +87,8 @@ if {kind!r} == "address":
     bugs.get_function("out_of_bounds")((1,), (64,), (out, x, np.int32(64)))
 else:
     out = np.zeros(1, np.int32)
-    bugs.get_function("shared_race")((1,), (32,), (out, np.int32({use_atomic})))
+    bugs.get_function("racy_count")((1,), (32,), (out, np.int32({use_atomic})))
+    assert {use_atomic} == 0 or out[0] == 32
 print("finished")
 """
 

@@ -40,7 +40,20 @@ inline void fiber_entry() {
   Thread& t = self();
   try { (*fiber_body)(); } catch (const Unwind&) {}
   t.state = State::Done;
-  swapcontext(&t.ctx, &t.block->scheduler);
+  _longjmp(t.block->scheduler_resume, 1);
+}
+
+// Runs fiber t until it blocks or ends: its first entry through its ucontext, later ones by
+// _longjmp to where it blocked.
+inline void resume_fiber(Block& b, Thread& t) {
+  current_thread = &t;
+  if (_setjmp(b.scheduler_resume) != 0) return;
+  if (!t.started) {
+    t.started = true;
+    swapcontext(&b.scheduler, &t.ctx);
+  } else {
+    _longjmp(t.resume, 1);
+  }
 }
 
 inline void run_fibers(Block& b, const std::function<void()>& body) {
@@ -58,8 +71,7 @@ inline void run_fibers(Block& b, const std::function<void()>& body) {
     for (int k = 0; k < n; ++k) {
       Thread& t = b.threads[b.mode == FibersReverse ? n - 1 - k : k];
       if (t.state != State::Run) continue;
-      current_thread = &t;
-      swapcontext(&b.scheduler, &t.ctx);
+      resume_fiber(b, t);
       if (!b.error.empty()) return;
     }
     bool all_done = true;
@@ -98,7 +110,7 @@ inline void reset_block(Block& b, unsigned x, unsigned y, unsigned z) {
         Thread& t = b.threads[i];
         t.idx = uint3{tx, ty, tz};
         t.linear = i, t.warp = i / 32, t.lane = i % 32;
-        t.state = State::Run, t.syncs = 0, t.warp_ops = 0, t.site = 0;
+        t.state = State::Run, t.syncs = 0, t.warp_ops = 0, t.site = 0, t.started = false;
         t.block = &b;
       }
 }

@@ -12,6 +12,7 @@
 #include <cuda_bf16.h>
 #include <vector_types.h>
 #include <math.h>
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <atomic>
@@ -59,7 +60,9 @@ struct Thread {
   long syncs = 0, warp_ops = 0;
   int site = 0;  // line of the __syncthreads it waits at
   Block* block = nullptr;
-  ucontext_t ctx;
+  bool started = false;
+  ucontext_t ctx;   // first entry only
+  jmp_buf resume;   // later switches: _setjmp/_longjmp, no signal-mask syscall
   std::vector<char> stack;
 };
 
@@ -74,6 +77,7 @@ struct Block {
   std::condition_variable cv;
   std::string error;
   ucontext_t scheduler;
+  jmp_buf scheduler_resume;
   int num_warps() const { return int((threads.size() + 31) / 32); }
 };
 
@@ -151,7 +155,7 @@ inline void wait_as(State state) {
   Block& b = *t.block;
   if (b.mode != Threads) {
     t.state = state;
-    swapcontext(&t.ctx, &b.scheduler);
+    if (_setjmp(t.resume) == 0) _longjmp(b.scheduler_resume, 1);
     current_thread = &t;
     if (t.state != State::Run) throw Unwind{};  // abandoned after an error
     return;
