@@ -118,7 +118,8 @@ def engine_config(args) -> EngineConfig:
 class ProgressBar:
     """A one-line loading bar on stderr: (done, total) callbacks from the loader."""
 
-    def __init__(self, label: str = "Loading model", stream=sys.stderr, width: int = 30):
+    def __init__(self, label: str = "Loading model", stream=None, width: int = 30):
+        stream = stream or sys.stderr
         self.label, self.stream, self.width = label, stream, width
         self.tty = stream.isatty()
         self.start = time.monotonic()
@@ -173,8 +174,9 @@ def _sampling(args):
                           top_k=args.top_k, seed=args.seed, stop=tuple(args.stop or ()))
 
 
-def _stream(engine, request_id: str, prompt, params, out=sys.stdout) -> tuple[int, float]:
+def _stream(engine, request_id: str, prompt, params, out=None) -> tuple[int, float]:
     """Run one request, printing text as it comes; returns (tokens, seconds)."""
+    out = out or sys.stdout
     start = time.monotonic()
     engine.add_request(request_id, prompt, params)
     tokens = 0

@@ -95,13 +95,15 @@ class BackgroundServer:
     def url(self) -> str:
         return f"http://{self.settings.host}:{self.server.port}"
 
-    def start(self, timeout: float = 120) -> "BackgroundServer":
+    def start(self, timeout: float = 120, wait_ready: bool = True) -> "BackgroundServer":
+        """Listen; with wait_ready, also wait until the engine is loaded (or failed to load)."""
         self._thread.start()
 
         async def boot():
             self.server = Server(self.engine, self.settings)
             await self.server.start()
-            await self.server.wait_ready()
+            if wait_ready:
+                await self.server.wait_ready()
         asyncio.run_coroutine_threadsafe(boot(), self.loop).result(timeout)
         return self
 

@@ -24,7 +24,7 @@ async def read_json_body(request: web.Request) -> dict:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise APIError(413, f"request body is too large: at most {request.app._client_max_size} bytes",
+        raise APIError(413, f"request body is too large: at most {request.client_max_size} bytes",
                        code="request_too_large") from None
     if not raw.strip():
         raise bad_request("request body is empty; expected a JSON object", code="invalid_json")
