@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from server_helpers import http
+from server_helpers import http, parallel
 
 from conftest import MODEL
 
@@ -43,8 +43,8 @@ def test_chat_non_stream(client, base_url):
 
 def test_completion_stream_equals_non_stream(client):
     kwargs = dict(model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=0.9, seed=1234)
-    full = client.completions.create(**kwargs)
-    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    full, chunks = parallel(lambda: client.completions.create(**kwargs), lambda: list(
+        client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs)))
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == full.choices[0].text
     finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
@@ -55,8 +55,8 @@ def test_completion_stream_equals_non_stream(client):
 
 def test_chat_stream_equals_non_stream(client):
     kwargs = dict(model=MODEL, messages=CHAT, max_tokens=10, temperature=0.8, seed=7)
-    full = client.chat.completions.create(**kwargs)
-    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    full, chunks = parallel(lambda: client.chat.completions.create(**kwargs),
+                            lambda: list(client.chat.completions.create(stream=True, **kwargs)))
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
@@ -65,13 +65,13 @@ def test_chat_stream_equals_non_stream(client):
 
 
 def test_seed_reproducible_and_n2(client):
-    kwargs = dict(model=MODEL, prompt="My favourite animal is", max_tokens=8, temperature=1.0, n=2, seed=99)
-    a = client.completions.create(**kwargs)
-    b = client.completions.create(**kwargs)
-    assert [c.index for c in a.choices] == [0, 1]
-    assert [c.text for c in a.choices] == [c.text for c in b.choices]
-    assert a.usage.completion_tokens == sum(
-        len(c.logprobs.tokens) for c in client.completions.create(logprobs=0, **kwargs).choices)
+    kwargs = dict(model=MODEL, prompt="My favourite animal is", max_tokens=6, temperature=1.0, n=2, seed=99)
+    a, b, c = parallel(lambda: client.completions.create(**kwargs), lambda: client.completions.create(**kwargs),
+                       lambda: client.completions.create(logprobs=0, **kwargs))
+    assert [ch.index for ch in a.choices] == [0, 1]
+    assert [ch.text for ch in a.choices] == [ch.text for ch in b.choices] == [ch.text for ch in c.choices]
+    assert a.choices[0].text != a.choices[1].text
+    assert a.usage.completion_tokens == sum(len(ch.logprobs.tokens) for ch in c.choices)
 
 
 def test_chat_n2_stream(client):
@@ -112,12 +112,11 @@ def test_stop_string(client):
     text = base.choices[0].text
     assert "," in text
     stop = text[text.index(",") - 1:text.index(",") + 1] if text.index(",") else ","
-    r = client.completions.create(model=MODEL, prompt="Count: 1, 2, 3, 4,", max_tokens=12, temperature=0,
-                                  stop=[stop])
+    kwargs = dict(model=MODEL, prompt="Count: 1, 2, 3, 4,", max_tokens=12, temperature=0, stop=[stop])
+    r, streamed = parallel(lambda: client.completions.create(**kwargs), lambda: "".join(
+        c.choices[0].text for c in client.completions.create(stream=True, **kwargs)))
     assert r.choices[0].finish_reason == "stop" and stop not in r.choices[0].text
     assert text.startswith(r.choices[0].text)
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model=MODEL, prompt="Count: 1, 2, 3, 4,", max_tokens=12, temperature=0, stop=[stop], stream=True))
     assert streamed == r.choices[0].text
 
 
@@ -125,12 +124,13 @@ def test_batched_prompts_and_token_prompt(client, base_url):
     import json
     _, _, raw = http(base_url, "POST", "/tokenize", {"prompt": "Hello there"})
     ids = json.loads(raw)["tokens"]
-    r = client.completions.create(model=MODEL, prompt=["Hello there", "Goodbye"], max_tokens=3,
-                                  temperature=0, n=2)
+    kwargs = dict(model=MODEL, max_tokens=3, temperature=0)
+    r, t, e = parallel(lambda: client.completions.create(prompt=["Hello there", "Goodbye"], n=2, **kwargs),
+                       lambda: client.completions.create(prompt=ids, **kwargs),
+                       lambda: client.completions.create(prompt="Hello there", echo=True, **kwargs))
     assert [c.index for c in r.choices] == [0, 1, 2, 3]
-    t = client.completions.create(model=MODEL, prompt=ids, max_tokens=3, temperature=0)
+    assert r.choices[0].text == r.choices[1].text   # greedy: both samples agree
     assert t.choices[0].text == r.choices[0].text
-    e = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=3, temperature=0, echo=True)
     assert e.choices[0].text == "Hello there" + r.choices[0].text
 
 

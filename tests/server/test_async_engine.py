@@ -1,0 +1,80 @@
+"""AsyncEngine without HTTP: generate, early exit and task cancellation abort, bad input."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ember_cupy.sampling_params import SamplingParams
+from server_helpers import metric
+
+
+async def _idle(engine, timeout=10.0):
+    for _ in range(int(timeout / 0.01)):
+        if engine.num_in_flight == 0 and engine.engine.num_running == 0:
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+def test_generate_streams_deltas(server):
+    engine = server.engine
+
+    async def run():
+        outputs = [o async for o in engine.generate("Hello", SamplingParams(max_tokens=3, temperature=0))]
+        return outputs
+
+    outputs = server.call(run)
+    final = outputs[-1]
+    assert final.finished and not any(o.finished for o in outputs[:-1])
+    assert len(final.outputs[0].token_ids) == 3
+    assert "".join(o.outputs[0].delta_text for o in outputs) == final.outputs[0].text
+    assert sum(len(o.outputs[0].delta_token_ids) for o in outputs) == 3
+
+
+def test_early_exit_and_cancel_abort(server):
+    engine = server.engine
+    long = SamplingParams(max_tokens=200, ignore_eos=True, temperature=0)
+
+    async def run():
+        gen = engine.generate("Tell me a story", long)
+        async for _ in gen:
+            break
+        await gen.aclose()                  # leaving the loop early aborts the request
+        assert await _idle(engine)
+
+        async def consume():
+            async for _ in engine.generate("Another story", long):
+                pass
+        task = asyncio.ensure_future(consume())
+        await asyncio.sleep(0.5)
+        task.cancel()                        # a cancelled task aborts its request
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await _idle(engine)
+
+    assert server.call(run, timeout=60)
+    assert metric(server.url, "ember:kv_cache_free_blocks") == metric(server.url, "ember:kv_cache_total_blocks")
+
+
+def test_bad_input_raises_value_error(server):
+    engine = server.engine
+
+    async def run():
+        errors = []
+        for prompt, params in (("", None), ([10 ** 9], None), ("x" * 10, SamplingParams(max_tokens=10 ** 6))):
+            try:
+                await engine.add_request(prompt, params)
+            except ValueError as exc:
+                errors.append(str(exc))
+        stream = await engine.add_request("dup", SamplingParams(max_tokens=1), request_id="same-id")
+        try:
+            await engine.add_request("dup", SamplingParams(max_tokens=1), request_id="same-id")
+        except ValueError as exc:
+            errors.append(str(exc))
+        async for _ in stream:
+            pass
+        return errors
+
+    errors = server.call(run)
+    assert len(errors) == 4 and "empty" in errors[0] and "already in use" in errors[3]
