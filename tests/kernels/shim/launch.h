@@ -36,11 +36,31 @@ template <class... A> std::string signature(void (*)(A...)) {
 constexpr size_t kFiberStack = 128 * 1024;
 inline thread_local const std::function<void()>* fiber_body = nullptr;
 
+inline thread_local std::vector<std::unique_ptr<char[]>> stack_pool;  // uninitialised, reused
+
+// A fiber runs the kernel body once per block of the launch, parking at the scheduler in between.
 inline void fiber_entry() {
-  Thread& t = self();
-  try { (*fiber_body)(); } catch (const Unwind&) {}
-  t.state = State::Done;
-  _longjmp(t.block->scheduler_resume, 1);
+  for (;;) {
+    try { (*fiber_body)(); } catch (const Unwind&) {}
+    Thread& t = self();
+    t.state = State::Done;
+    if (_setjmp(t.resume) == 0) _longjmp(t.block->scheduler_resume, 1);
+  }
+}
+
+// Gives every thread of the launch a stack and a fresh context (once per launch, not per block).
+inline void prepare_fibers(Block& b) {
+  while (stack_pool.size() < b.threads.size()) stack_pool.emplace_back(new char[kFiberStack]);
+  for (size_t i = 0; i < b.threads.size(); ++i) {
+    Thread& t = b.threads[i];
+    t.stack = stack_pool[i].get();
+    t.started = false;
+    getcontext(&t.ctx);
+    t.ctx.uc_stack.ss_sp = t.stack;
+    t.ctx.uc_stack.ss_size = kFiberStack;
+    t.ctx.uc_link = nullptr;
+    makecontext(&t.ctx, fiber_entry, 0);
+  }
 }
 
 // Runs fiber t until it blocks or ends: its first entry through its ucontext, later ones by
@@ -58,14 +78,6 @@ inline void resume_fiber(Block& b, Thread& t) {
 
 inline void run_fibers(Block& b, const std::function<void()>& body) {
   fiber_body = &body;
-  for (Thread& t : b.threads) {
-    t.stack.resize(kFiberStack);
-    getcontext(&t.ctx);
-    t.ctx.uc_stack.ss_sp = t.stack.data();
-    t.ctx.uc_stack.ss_size = t.stack.size();
-    t.ctx.uc_link = &b.scheduler;
-    makecontext(&t.ctx, fiber_entry, 0);
-  }
   const int n = int(b.threads.size());
   for (;;) {
     for (int k = 0; k < n; ++k) {
@@ -110,7 +122,7 @@ inline void reset_block(Block& b, unsigned x, unsigned y, unsigned z) {
         Thread& t = b.threads[i];
         t.idx = uint3{tx, ty, tz};
         t.linear = i, t.warp = i / 32, t.lane = i % 32;
-        t.state = State::Run, t.syncs = 0, t.warp_ops = 0, t.site = 0, t.started = false;
+        t.state = State::Run, t.syncs = 0, t.warp_ops = 0, t.site = 0;
         t.block = &b;
       }
 }
@@ -131,6 +143,7 @@ int launch(void (*kernel)(A...), const LaunchSpec& spec, void** args, char* erro
   b.threads.resize(size_t(b.dim.x) * b.dim.y * b.dim.z);
   for (auto& buffer : b.exchange) buffer.assign(size_t(b.num_warps()) * 32, 0);
   b.dynamic.resize(spec.shared_mem);
+  if (b.mode != Threads) prepare_fibers(b);
   for (unsigned z = 0; z < b.grid.z; ++z)
     for (unsigned y = 0; y < b.grid.y; ++y)
       for (unsigned x = 0; x < b.grid.x; ++x) {

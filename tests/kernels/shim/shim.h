@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -63,7 +64,7 @@ struct Thread {
   bool started = false;
   ucontext_t ctx;   // first entry only
   jmp_buf resume;   // later switches: _setjmp/_longjmp, no signal-mask syscall
-  std::vector<char> stack;
+  char* stack = nullptr;
 };
 
 struct Block {
