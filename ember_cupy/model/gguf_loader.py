@@ -23,15 +23,31 @@ _EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<
               "</s>", "<end_of_turn>", "<|end|>")
 
 
+def _open_reader(path: str):
+    import gguf
+
+    class PlainArrayReader(gguf.GGUFReader):
+        """Reads through a plain ndarray view of the memmap: numpy's memmap subclass hooks
+        cost seconds over the ~250k small reads of a tokenizer's metadata."""
+
+        @property
+        def data(self):
+            return self._plain_data
+
+        @data.setter
+        def data(self, value):
+            self._plain_data = value.view(np.ndarray)
+
+    return PlainArrayReader(path)
+
+
 def field_value(reader, key: str, default=None):
     field = reader.fields.get(key)
     return default if field is None else field.contents()
 
 
 def load_gguf(path: str, progress: ProgressCallback | None = None) -> Checkpoint:
-    import gguf
-
-    reader = gguf.GGUFReader(path)
+    reader = _open_reader(path)
     arch = field_value(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {arch!r} in {path}; "
@@ -106,10 +122,11 @@ def _dequantize(tensor) -> np.ndarray:
     from gguf import GGMLQuantizationType as QT
     from gguf.quants import dequantize
 
+    raw = tensor.data
     if tensor.tensor_type == QT.F32:
-        data = np.asarray(tensor.data, dtype=np.float32)
+        data = np.asarray(raw, dtype=np.float32)
     elif tensor.tensor_type in (QT.F16, QT.BF16) or tensor.tensor_type.name.startswith(("Q", "I", "T")):
-        data = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+        data = dequantize(raw, tensor.tensor_type).astype(np.float32, copy=False)
     else:
         raise ValueError(f"tensor {tensor.name}: unsupported GGUF type {tensor.tensor_type.name}")
     shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims innermost first
