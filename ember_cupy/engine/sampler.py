@@ -48,16 +48,18 @@ class Sampler:
         logits = np.array(logits, dtype=np.float32)   # a private host copy we may modify
         for row, seq in enumerate(seqs):
             self._adjust_logits(logits[row], seq)
-        logprobs = self._logprobs(logits, seqs)
+        logprob_rows = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
+        logprobs = log_softmax(logits[logprob_rows]) if logprob_rows else None
         token_ids = np.argmax(logits, axis=-1)
         random_rows = [i for i, seq in enumerate(seqs) if not seq.params.greedy]
         if random_rows:
             token_ids[random_rows] = self._sample(logits[random_rows], [seqs[i] for i in random_rows])
         token_ids = [int(t) for t in token_ids]
-        for row, lp in enumerate(logprobs):
-            if lp is not None:
-                lp.token_id, lp.logprob = token_ids[row], float(lp.logprob[token_ids[row]])
-        return SamplerOutput(token_ids=token_ids, logprobs=logprobs)
+        entries: list[TokenLogprobs | None] = [None] * len(seqs)
+        for row, values in zip(logprob_rows, logprobs if logprobs is not None else []):
+            token = token_ids[row]
+            entries[row] = TokenLogprobs(token, float(values[token]), top_logprobs(values, seqs[row].params.logprobs))
+        return SamplerOutput(token_ids=token_ids, logprobs=entries)
 
     # --- logits processing --------------------------------------------------------------
     def _adjust_logits(self, row: np.ndarray, seq: Sequence) -> None:
@@ -77,16 +79,6 @@ class Sampler:
         if len(output) < params.min_tokens:
             banned = list(params.stop_token_ids) + ([] if params.ignore_eos else self.eos_token_ids)
             row[banned] = -np.inf
-
-    def _logprobs(self, logits: np.ndarray, seqs: list[Sequence]) -> list[TokenLogprobs | None]:
-        out: list[TokenLogprobs | None] = [None] * len(seqs)
-        rows = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
-        if rows:
-            all_logprobs = log_softmax(logits[rows])
-            for row, values in zip(rows, all_logprobs):
-                # token_id/logprob are filled in once the token is chosen
-                out[row] = TokenLogprobs(-1, values, top_logprobs(values, seqs[row].params.logprobs))
-        return out
 
     # --- random sampling ----------------------------------------------------------------
     def _sample(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
