@@ -58,6 +58,8 @@ def from_value_error(exc: ValueError, param: str | None = None) -> APIError:
     if match:
         param = param or match.group(1)
         message = message[len("SamplingParams."):]
+    if param is None and message.startswith("n="):
+        param = "n"
     if param is None and "prompt" in message:
         param = "prompt"
     code = "context_length_exceeded" if "context" in message else "invalid_value"

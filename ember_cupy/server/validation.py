@@ -70,7 +70,7 @@ class Fields:
     """
 
     def __init__(self, body: dict, known: set[str] | frozenset[str]):
-        unknown = sorted(set(body) - set(known))
+        unknown = sorted(k for k in set(body) - set(known) if body[k] is not None)   # null = absent
         if unknown:
             raise bad_request(f"unrecognized request argument supplied: {unknown[0]}",
                               param=unknown[0], code="unknown_parameter")

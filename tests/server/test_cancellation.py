@@ -95,3 +95,25 @@ def test_metrics_names(base_url):
                  "ember:e2e_request_latency_seconds_count", "ember:request_queue_time_seconds_count",
                  "ember:kv_cache_free_blocks", "ember:kv_cache_total_blocks"):
         assert metric(base_url, name) is not None, name
+
+
+def test_non_streaming_client_timeout_aborts(base_url):
+    _wait_idle(base_url)
+    before = metric(base_url, "ember:request_success_total", finished_reason="abort") or 0.0
+
+    async def run():
+        timeout = aiohttp.ClientTimeout(total=1.5)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            body = {"model": MODEL, "prompt": "A very long answer:", "max_tokens": 300, "ignore_eos": True}
+            try:
+                async with session.post(base_url + "/v1/completions", json=body) as response:
+                    await response.read()
+            except asyncio.TimeoutError:
+                return "timed out"
+        return "finished"
+
+    assert asyncio.run(run()) == "timed out"
+    _wait_idle(base_url)
+    assert metric(base_url, "ember:num_requests_running") == 0
+    assert metric(base_url, "ember:kv_cache_free_blocks") == metric(base_url, "ember:kv_cache_total_blocks")
+    assert metric(base_url, "ember:request_success_total", finished_reason="abort") == before + 1
