@@ -58,3 +58,24 @@ def to_numpy(array) -> np.ndarray:
     if isinstance(array, np.ndarray):
         return array
     return array.get()
+
+
+def keep_freed_memory_mapped() -> bool:
+    """Stop glibc from returning large freed blocks to the OS (Linux only).
+
+    A forward pass allocates the same MB-sized temporaries every step; by default each one is
+    a fresh mmap that page-faults on first touch, which made CPU attention ~4x slower. Returns
+    whether the allocator accepted the settings.
+    """
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        return bool(libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, 2**31 - 1))
+    except (OSError, AttributeError):
+        return False

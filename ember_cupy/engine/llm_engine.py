@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from ember_cupy.backend import get_xp, to_numpy
+from ember_cupy.backend import get_xp, keep_freed_memory_mapped, to_numpy
 from ember_cupy.config import EngineConfig
 from ember_cupy.detokenizer import IncrementalDetokenizer
 from ember_cupy.engine.block_manager import BlockManager
@@ -28,7 +28,10 @@ class LLMEngine:
         self.checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model, progress)
         self.model_config = self.checkpoint.config
         self.tokenizer = self.checkpoint.tokenizer
-        self.runner = ModelRunner(self.checkpoint, self.config, xp=get_xp())
+        xp = get_xp()
+        if xp is np:
+            keep_freed_memory_mapped()
+        self.runner = ModelRunner(self.checkpoint, self.config, xp=xp)
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager)
