@@ -150,7 +150,7 @@ def served_names(args) -> list[str]:
         return list(args.served_model_name)
     if args.model:
         base = os.path.basename(os.path.normpath(args.model))
-        return [base[:-5] if base.endswith(".gguf") else base]
+        return [base.removesuffix(".gguf")]
     return ["SmolLM2-135M-Instruct"]
 
 

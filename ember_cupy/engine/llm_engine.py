@@ -29,9 +29,9 @@ class LLMEngine:
         self.model_config = self.checkpoint.config
         self.tokenizer = self.checkpoint.tokenizer
         xp = get_xp()
-        if xp is np:
-            keep_freed_memory_mapped()
         self.runner = ModelRunner(self.checkpoint, self.config, xp=xp)
+        if xp is np:  # after the KV pool exists: it stays lazily-zeroed mmap'd memory
+            keep_freed_memory_mapped()
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager)

@@ -15,7 +15,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 from ember_cupy.outputs import RequestOutput
 from ember_cupy.sampling_params import SamplingParams
@@ -48,7 +48,7 @@ class EngineOverloadedError(RuntimeError):
 class RequestStream:
     """The outputs of one request, in order. Iterate it; close() aborts it if unfinished."""
 
-    def __init__(self, request_id: str, engine: "AsyncEngine"):
+    def __init__(self, request_id: str, engine: AsyncEngine):
         self.request_id = request_id
         self._engine = engine
         self._queue: asyncio.Queue = asyncio.Queue()
@@ -140,7 +140,7 @@ class AsyncEngine:
             self._wake.set()
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout=30)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
+            except (TimeoutError, asyncio.CancelledError):
                 self._task.cancel()
         if self.state is not EngineState.DEAD:
             self.state = EngineState.STOPPED

@@ -95,7 +95,7 @@ class BackgroundServer:
     def url(self) -> str:
         return f"http://{self.settings.host}:{self.server.port}"
 
-    def start(self, timeout: float = 120, wait_ready: bool = True) -> "BackgroundServer":
+    def start(self, timeout: float = 120, wait_ready: bool = True) -> BackgroundServer:
         """Listen; with wait_ready, also wait until the engine is loaded (or failed to load)."""
         self._thread.start()
 

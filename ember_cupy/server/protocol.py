@@ -122,13 +122,9 @@ def _prompts(f: Fields, vocab_size: int) -> list:
     prompt = f.raw("prompt")
     if prompt is None:
         raise bad_request("'prompt' is required", param="prompt", code="missing_required_parameter")
-    if isinstance(prompt, str):
+    if isinstance(prompt, str) or isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt):
         prompts = [prompt]
-    elif isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt):
-        prompts = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        prompts = list(prompt)
-    elif isinstance(prompt, list) and prompt and all(
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt) or isinstance(prompt, list) and prompt and all(
             isinstance(p, list) and all(is_int(t) for t in p) for p in prompt):
         prompts = list(prompt)
     elif isinstance(prompt, list) and not prompt:

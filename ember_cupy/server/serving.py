@@ -9,8 +9,13 @@ import uuid
 from aiohttp import web
 
 from ember_cupy.server import responses as R
-from ember_cupy.server.async_engine import (AsyncEngine, EngineDeadError, EngineNotReadyError,
-                                            EngineOverloadedError, RequestStream)
+from ember_cupy.server.async_engine import (
+    AsyncEngine,
+    EngineDeadError,
+    EngineNotReadyError,
+    EngineOverloadedError,
+    RequestStream,
+)
 from ember_cupy.server.errors import APIError, from_value_error
 from ember_cupy.server.protocol import GenerationRequest, parse_chat, parse_completion
 from ember_cupy.server.validation import read_json_body
@@ -137,7 +142,7 @@ class OpenAIServing:
             for stream in streams:
                 stream.close()
 
-    async def _full(self, ctx: "_Context", streams: list[RequestStream]) -> web.Response:
+    async def _full(self, ctx: _Context, streams: list[RequestStream]) -> web.Response:
         async def last(stream):
             output = None
             async for output in stream:
@@ -157,7 +162,7 @@ class OpenAIServing:
                           stream=False, usage_body=counter.body())
         return web.json_response(body)
 
-    async def _stream(self, request: web.Request, ctx: "_Context", streams) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, ctx: _Context, streams) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                                "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         await response.prepare(request)

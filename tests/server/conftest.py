@@ -2,15 +2,11 @@
 from __future__ import annotations
 
 import pytest
+from server_helpers import BLOCK_SIZE, BODY_LIMIT, MAX_MODEL_LEN, MODEL
 
 from ember_cupy.config import EngineConfig
 from ember_cupy.engine.llm_engine import LLMEngine
 from ember_cupy.server import AsyncEngine, BackgroundServer, EngineMetrics, ServerSettings
-
-MODEL = "smol"
-MAX_MODEL_LEN = 512
-BLOCK_SIZE = 16
-BODY_LIMIT = 256 * 1024
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,11 @@ import socket
 import urllib.error
 import urllib.request
 
+MODEL = "smol"            # the served model name in the tests
+MAX_MODEL_LEN = 512
+BLOCK_SIZE = 16
+BODY_LIMIT = 256 * 1024
+
 
 def http(base_url: str, method: str, path: str, body=None, headers: dict | None = None,
          timeout: float = 60) -> tuple[int, dict, bytes]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from server_helpers import metric
 
 from ember_cupy.sampling_params import SamplingParams
-from server_helpers import metric
 
 
 async def _idle(engine, timeout=10.0):

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from conftest import BODY_LIMIT, MAX_MODEL_LEN, MODEL
-from server_helpers import http, metric
+from server_helpers import BODY_LIMIT, MAX_MODEL_LEN, MODEL, http, metric
 
 C, CH = "/v1/completions", "/v1/chat/completions"
 MSG = [{"role": "user", "content": "hi"}]

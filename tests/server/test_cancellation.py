@@ -6,9 +6,7 @@ import json
 import time
 
 import aiohttp
-
-from conftest import MODEL
-from server_helpers import metric
+from server_helpers import MODEL, metric
 
 
 async def _sse_events(response):
@@ -108,7 +106,7 @@ def test_non_streaming_client_timeout_aborts(base_url):
             try:
                 async with session.post(base_url + "/v1/completions", json=body) as response:
                     await response.read()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return "timed out"
         return "finished"
 

@@ -4,10 +4,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-
-from server_helpers import http, parallel
-
-from conftest import MODEL
+from server_helpers import MODEL, http, parallel
 
 openai = pytest.importorskip("openai")
 

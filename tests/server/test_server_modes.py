@@ -8,12 +8,11 @@ import time
 
 import aiohttp
 import pytest
+from server_helpers import MODEL, http
 
-from conftest import MODEL
 from ember_cupy.config import EngineConfig
 from ember_cupy.engine.llm_engine import LLMEngine
 from ember_cupy.server import AsyncEngine, BackgroundServer, EngineMetrics, ServerSettings
-from server_helpers import http
 
 KEY = "sekret-key"
 
@@ -58,7 +57,7 @@ def secured(start_server):
 def test_api_key_required(secured):
     url = secured.url
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
-        status, response_headers, raw = http(url, "GET", "/v1/models", headers=headers)
+        status, _, raw = http(url, "GET", "/v1/models", headers=headers)
         assert status == 401 and _error(raw)["code"] == "invalid_api_key"
     status, _, raw = http(url, "POST", "/v1/completions", {"prompt": "x"})
     assert status == 401 and _error(raw)["type"] == "authentication_error"

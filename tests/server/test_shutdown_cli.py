@@ -11,9 +11,9 @@ import time
 import urllib.request
 
 import pytest
+from server_helpers import free_port, http
 
 from ember_cupy import cli
-from server_helpers import free_port, http
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -46,7 +46,7 @@ def test_graceful_shutdown_sigterm_and_sigint():
     try:
         _wait_healthy(a, port_a)
         _wait_healthy(b, port_b)
-        status, _, raw = http(f"http://127.0.0.1:{port_a}", "GET", "/v1/models")
+        _, _, raw = http(f"http://127.0.0.1:{port_a}", "GET", "/v1/models")
         assert [m["id"] for m in json.loads(raw)["data"]] == ["tiny"]
         # A: a long stream in flight when SIGTERM arrives is aborted after the drain timeout
         events: list[str] = []
@@ -107,7 +107,8 @@ def test_parse_size(text, expected):
 
 
 def test_parse_size_rejects():
-    with pytest.raises(Exception):
+    import argparse
+    with pytest.raises(argparse.ArgumentTypeError):
         cli.parse_size("lots")
 
 
@@ -122,7 +123,7 @@ def test_progress_bar(capsys):
     import io
     stream = io.StringIO()
     bar = cli.ProgressBar(stream=stream)
-    for done in range(0, 11):
+    for done in range(11):
         bar(done, 10)
     lines = stream.getvalue().splitlines()
     assert lines[0].startswith("Loading model [") and "100%" in lines[-1] and len(lines) == 2
