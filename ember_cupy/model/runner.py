@@ -12,20 +12,53 @@ from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.llama import BatchMetadata, LlamaModel
 
 
+def resolve_dtype(name: str, xp) -> np.dtype:
+    """EngineConfig.dtype -> storage dtype of weights and KV: auto = float32 on NumPy, float16 on CuPy."""
+    if name == "auto":
+        name = "float32" if xp is np else "float16"
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def _configure_cupy() -> None:
+    """cuBLAS GEMMs accumulate in plain fp32: no TF32 for float32, fp32 accumulation for 16-bit."""
+    import cupy
+    from cupy._core import _routines_linalg as linalg
+    for dtype in (np.float32, np.float16):
+        cupy._core.set_compute_type(dtype, linalg.COMPUTE_TYPE_FP32)
+
+
+def device_kv_bytes(config: EngineConfig, model: ModelConfig, itemsize: int) -> int:
+    """CuPy: bytes left for the KV pool once weights are resident, keeping (1 - utilization) of
+    the device free plus room for one step's activations and logits."""
+    import cupy
+    free, total = cupy.cuda.runtime.memGetInfo()
+    row = model.hidden_size * 4 + (model.q_size + 2 * model.kv_size) + 2 * model.intermediate_size
+    activations = 2 * config.max_num_batched_tokens * row * itemsize
+    logits = 2 * config.max_num_seqs * model.vocab_size * 4
+    return int(free - (1.0 - config.gpu_memory_utilization) * total - activations - logits)
+
+
 def kv_block_bytes(model: ModelConfig, block_size: int, itemsize: int) -> int:
     """Bytes of K and V of one block over all layers."""
     return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * itemsize
 
 
 class ModelRunner:
-    def __init__(self, checkpoint: Checkpoint, config: EngineConfig, xp=np, dtype=np.float32):
+    def __init__(self, checkpoint: Checkpoint, config: EngineConfig, xp=np, dtype=None):
         self.model_config = checkpoint.config
         self.config = config
         self.xp = xp
+        dtype = resolve_dtype(config.dtype, xp) if dtype is None else np.dtype(dtype)
+        if xp is not np:
+            _configure_cupy()
         self.model = LlamaModel(checkpoint, xp=xp, dtype=dtype)
-        itemsize = np.dtype(dtype).itemsize
+        itemsize = dtype.itemsize
+        pool_bytes = config.kv_cache_memory if xp is np else device_kv_bytes(config, self.model_config, itemsize)
         self.num_blocks = config.num_kv_blocks or max(
-            1, config.kv_cache_memory // kv_block_bytes(self.model_config, config.block_size, itemsize))
+            1, pool_bytes // kv_block_bytes(self.model_config, config.block_size, itemsize))
         shape = (self.num_blocks, config.block_size, self.model_config.num_kv_heads, self.model_config.head_dim)
         self.kv_caches = [(xp.zeros(shape, dtype), xp.zeros(shape, dtype))
                           for _ in range(self.model_config.num_layers)]
@@ -36,6 +69,8 @@ class ModelRunner:
         self._copy_blocks(batch.block_copies)
         input_ids, metadata, rows = self._prepare(batch.scheduled)
         logits = self.model.forward(input_ids, metadata, self.kv_caches)
+        if self.xp is not np:   # the sampler runs on the host: one float32 copy of the needed rows
+            logits = logits.astype(self.xp.float32).get()
         num_prompt_rows = sum(len(r) for _, _, r in rows.prompt)
         prompt, offset = [], 0
         for seq, first_position, seq_rows in rows.prompt:
