@@ -101,9 +101,13 @@ def test_binds_loopback_by_default():
 
 
 class _ExplodingEngine(LLMEngine):
+    """Makes no progress until two requests are in, then fails."""
+
     def step(self):
-        time.sleep(0.2)
-        raise RuntimeError("boom")
+        time.sleep(0.02)
+        if len(self.requests) >= 2:
+            raise RuntimeError("boom")
+        return []
 
 
 def test_dead_engine_fails_pending_requests_and_health(start_server):
