@@ -63,7 +63,7 @@ class ModelRunner:
         self.kv_caches = [(xp.zeros(shape, dtype), xp.zeros(shape, dtype))
                           for _ in range(self.model_config.num_layers)]
 
-    def execute(self, batch: ScheduledBatch) -> "StepLogits":
+    def execute(self, batch: ScheduledBatch) -> StepLogits:
         """Run the batch; logits of the sequences that sample now, and of prompt positions
         whose logprobs were asked for."""
         self._copy_blocks(batch.block_copies)
@@ -118,7 +118,7 @@ class ModelRunner:
         return xp.asarray(input_ids), metadata, rows
 
     @staticmethod
-    def _logits_rows(scheduled, query_start_loc) -> "_LogitsRows":
+    def _logits_rows(scheduled, query_start_loc) -> _LogitsRows:
         rows = _LogitsRows()
         for i, (seq, num_tokens) in enumerate(scheduled):
             start, first_row = seq.num_computed_tokens, int(query_start_loc[i])

@@ -6,5 +6,5 @@ from ember_cupy.ops.cache import write_kv
 from ember_cupy.ops.norm import fused_add_rms_norm, rms_norm
 from ember_cupy.ops.rotary import apply_rope, rope_cos_sin_cache
 
-__all__ = ["silu_and_mul", "paged_attention", "write_kv", "fused_add_rms_norm", "rms_norm",
-           "apply_rope", "rope_cos_sin_cache"]
+__all__ = ["apply_rope", "fused_add_rms_norm", "paged_attention", "rms_norm", "rope_cos_sin_cache",
+           "silu_and_mul", "write_kv"]

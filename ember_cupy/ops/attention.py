@@ -10,7 +10,14 @@ from __future__ import annotations
 import numpy as np
 
 from ember_cupy.ops import _cuda
-from ember_cupy.ops._kernel import array_module, contiguous, i32, int32_array, kernel, stride
+from ember_cupy.ops._kernel import (
+    array_module,
+    contiguous,
+    i32,
+    int32_array,
+    kernel,
+    stride,
+)
 
 # cuda/attention.cu: threads per block, keys per tile, accumulators per thread.
 THREADS, TILE, MAX_ACCUMULATORS = 128, 128, 16

@@ -1,10 +1,15 @@
 """Write new K/V rows into the paged cache: NumPy twin and launch of cuda/cache.cu."""
 from __future__ import annotations
 
-import numpy as np
-
 from ember_cupy.ops import _cuda
-from ember_cupy.ops._kernel import array_module, contiguous, i32, int32_array, kernel, stride
+from ember_cupy.ops._kernel import (
+    array_module,
+    contiguous,
+    i32,
+    int32_array,
+    kernel,
+    stride,
+)
 
 THREADS = 128
 

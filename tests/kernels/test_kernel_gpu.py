@@ -13,7 +13,7 @@ from .test_kernel_rotary import fused_qkv
 cupy = pytest.importorskip("cupy")
 try:
     cupy.zeros(1).sum()
-except Exception as error:  # no device, or no driver
+except Exception as error:  # noqa: BLE001 -- no device, or no driver
     pytest.skip(f"no usable CUDA device ({error})", allow_module_level=True)
 
 
@@ -49,7 +49,7 @@ def test_gpu_norms_activation(dtype):
 @pytest.mark.parametrize("is_neox", [True, False])
 def test_gpu_rope_and_write_kv(dtype, is_neox):
     rng = np.random.default_rng(31)
-    qkv, q, k = fused_qkv(rng, 9, 9, 3, 64, dtype)
+    _, q, k = fused_qkv(rng, 9, 9, 3, 64, dtype)
     cache = ops.rope_cos_sin_cache(64, 500, 10000.0)
     positions = rng.integers(0, 500, 9).astype(np.int32)
     agree(three_ways(ops.apply_rope, [q, k, positions, cache, is_neox], mutated=[0, 1]), dtype)

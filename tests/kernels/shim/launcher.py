@@ -68,7 +68,8 @@ def build(source: Path, sanitize: str = "") -> tuple[Path, list[str]]:
             wrapper = Path(tmp) / f"{source.stem}.shim.cpp"
             wrapper.write_text(f'#include "{source}"\n' + "".join(f"SHIM_EXPORT({n})\n" for n in names))
             out = Path(tmp) / library.name
-            result = subprocess.run(["g++", *flags, str(wrapper), "-o", str(out)], capture_output=True, text=True)
+            result = subprocess.run(["g++", *flags, str(wrapper), "-o", str(out)], check=False,
+                                    capture_output=True, text=True)
             if result.returncode:
                 raise ShimError(f"g++ failed on {source.name}:\n{result.stderr[-4000:]}")
             os.replace(out, library)

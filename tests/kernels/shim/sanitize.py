@@ -19,7 +19,7 @@ def _runtime(kind: str) -> str:
                           text=True, check=True).stdout.strip()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sanitized_python(kind: str) -> tuple[list[str], dict] | None:
     """(argv prefix, environment) of a Python that runs with `kind`'s runtime, or None."""
     runtime = _runtime(kind)
@@ -30,7 +30,7 @@ def sanitized_python(kind: str) -> tuple[list[str], dict] | None:
                ASAN_OPTIONS="detect_leaks=0", PYTHONPATH=os.pathsep.join(filter(None, paths)))
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     for python in (sys.executable, f"/usr/bin/{version}"):
-        probe = subprocess.run([python, "-c", "import numpy"], env=env, capture_output=True)
+        probe = subprocess.run([python, "-c", "import numpy"], env=env, capture_output=True, check=False)
         if probe.returncode == 0:
             return [python], env
     return None
