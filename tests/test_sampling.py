@@ -37,7 +37,8 @@ def _expected(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
 
 def _draw(params: SamplingParams, count=8000):
     sampler = Sampler(eos_token_ids=())
-    seqs = [Sequence(f"s{i}", [0], params, 10, rng=np.random.default_rng(i)) for i in range(count)]
+    rng = lambda i: np.random.default_rng(i) if params.seed is None else None  # noqa: E731
+    seqs = [Sequence(f"s{i}", [0], params, 10, rng=rng(i)) for i in range(count)]
     tokens = sampler(np.tile(LOGITS, (count, 1)), seqs).token_ids
     return np.bincount(tokens, minlength=len(LOGITS))
 
@@ -51,6 +52,11 @@ def test_empirical_distribution_matches_the_filtered_softmax(filters):
     support = expected > 0
     chi2 = (((counts - expected)[support]) ** 2 / expected[support]).sum()
     assert chi2 < CHI2_CRITICAL_7DOF_P001, (filters, counts, expected.round())
+
+
+def test_negative_and_huge_seeds_are_fine():
+    counts = [_draw(SamplingParams(seed=seed), count=50) for seed in (-5, 2**70)]
+    assert all(c.sum() == 50 for c in counts)
 
 
 def test_top_k_one_equals_greedy(make_llm):

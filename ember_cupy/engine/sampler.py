@@ -117,5 +117,5 @@ class Sampler:
     def _rng(seq: Sequence) -> np.random.Generator:
         if seq.rng is None:
             seed = seq.params.seed
-            seq.rng = np.random.default_rng(None if seed is None else [seed, seq.index])
+            seq.rng = np.random.default_rng(None if seed is None else [seed % 2**64, seq.index])
         return seq.rng
