@@ -45,6 +45,10 @@ class Sampler:
         self.eos_token_ids = list(eos_token_ids)
 
     def __call__(self, logits, seqs: list[Sequence]) -> SamplerOutput:
+        if not isinstance(logits, np.ndarray):  # on the device: copy back only what is needed
+            if all(self._plain_greedy(seq) for seq in seqs):
+                return SamplerOutput([int(t) for t in logits.argmax(axis=-1).get()], [None] * len(seqs))
+            logits = logits.astype(np.float32).get()
         logits = np.array(logits, dtype=np.float32)   # a private host copy we may modify
         for row, seq in enumerate(seqs):
             self._adjust_logits(logits[row], seq)
@@ -60,6 +64,14 @@ class Sampler:
             token = token_ids[row]
             entries[row] = TokenLogprobs(token, float(values[token]), top_logprobs(values, seqs[row].params.logprobs))
         return SamplerOutput(token_ids=token_ids, logprobs=entries)
+
+    @staticmethod
+    def _plain_greedy(seq: Sequence) -> bool:
+        """Greedy with nothing that needs the whole row on the host."""
+        p = seq.params
+        return (p.greedy and p.logprobs is None and not p.logit_bias and p.repetition_penalty == 1.0
+                and not p.presence_penalty and not p.frequency_penalty
+                and seq.num_output_tokens >= p.min_tokens)
 
     # --- logits processing --------------------------------------------------------------
     def _adjust_logits(self, row: np.ndarray, seq: Sequence) -> None:

@@ -69,8 +69,6 @@ class ModelRunner:
         self._copy_blocks(batch.block_copies)
         input_ids, metadata, rows = self._prepare(batch.scheduled)
         logits = self.model.forward(input_ids, metadata, self.kv_caches)
-        if self.xp is not np:   # the sampler runs on the host: one float32 copy of the needed rows
-            logits = logits.astype(self.xp.float32).get()
         num_prompt_rows = sum(len(r) for _, _, r in rows.prompt)
         prompt, offset = [], 0
         for seq, first_position, seq_rows in rows.prompt:
