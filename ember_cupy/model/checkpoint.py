@@ -10,10 +10,30 @@ from ember_cupy.config import ModelConfig
 
 # Canonical weight names, independent of the file format:
 #   embed, norm, lm_head (absent when tied),
-#   layers.{i}.{attn_norm, q, k, v, o, q_bias, k_bias, v_bias, ffn_norm, gate, up, down}
+#   layers.{i}.{attn_norm, qkv, qkv_bias (optional), o, ffn_norm, gate_up, down}
 # Linear weights are [out_features, in_features]; q/k rows are in HF order (rotate-half RoPE).
+# q/k/v and gate/up are fused at load (one GEMM each), and the parts are dropped so the
+# weights are held once.
 
 ProgressCallback = Callable[[int, int], None]  # (done, total)
+
+
+def fuse_projections(weights: dict[str, np.ndarray], num_layers: int) -> None:
+    """In place: layers.i.{q,k,v} -> qkv (+ qkv_bias), layers.i.{gate,up} -> gate_up."""
+    for i in range(num_layers):
+        pop = lambda name: weights.pop(f"layers.{i}.{name}", None)  # noqa: E731
+        parts = [pop(n) for n in ("q", "k", "v")]
+        if any(p is None for p in parts):
+            raise ValueError(f"layer {i}: q/k/v projection missing from the checkpoint")
+        weights[f"layers.{i}.qkv"] = np.concatenate(parts)
+        biases = [pop(f"{n}_bias") for n in ("q", "k", "v")]
+        if any(b is not None for b in biases):
+            weights[f"layers.{i}.qkv_bias"] = np.concatenate([
+                b if b is not None else np.zeros(len(w), np.float32) for b, w in zip(biases, parts)])
+        gate, up = pop("gate"), pop("up")
+        if gate is None or up is None:
+            raise ValueError(f"layer {i}: gate/up projection missing from the checkpoint")
+        weights[f"layers.{i}.gate_up"] = np.concatenate([gate, up])
 
 
 @dataclass

@@ -57,19 +57,14 @@ class LlamaModel:
     @staticmethod
     def _layer(checkpoint: Checkpoint, index: int, put) -> LayerWeights:
         get = lambda name: checkpoint.require(f"layers.{index}.{name}")  # noqa: E731
-        biases = [checkpoint.weights.get(f"layers.{index}.{n}_bias") for n in "qkv"]
-        qkv_bias = None
-        if any(b is not None for b in biases):
-            sizes = [get(n).shape[0] for n in "qkv"]
-            qkv_bias = put(np.concatenate([b if b is not None else np.zeros(size, np.float32)
-                                           for b, size in zip(biases, sizes)]))
+        bias = checkpoint.weights.get(f"layers.{index}.qkv_bias")
         return LayerWeights(
             attn_norm=put(get("attn_norm")),
-            qkv=put(np.concatenate([get("q"), get("k"), get("v")])),
-            qkv_bias=qkv_bias,
+            qkv=put(get("qkv")),
+            qkv_bias=None if bias is None else put(bias),
             o=put(get("o")),
             ffn_norm=put(get("ffn_norm")),
-            gate_up=put(np.concatenate([get("gate"), get("up")])),
+            gate_up=put(get("gate_up")),
             down=put(get("down")),
         )
 
