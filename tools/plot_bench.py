@@ -111,9 +111,11 @@ def targets_section(results) -> list[str]:
 def single_stream_section(ss: dict) -> list[str]:
     rows = [[n, fmt(v["decode_tpot_ms"], 2), fmt(v["decode_tok_per_s"]), fmt(v["prefill_tok_per_s"]),
              fmt(v["prefill_ttft_ms"])] for n, v in ss.items()]
+    cfg = next(iter(ss.values())).get("setup", {})
     lines = ["### Single stream", "",
-             "Decode: 32-token prompts, 128 tokens, one request at a time (TPOT p50). Prefill: "
-             "512-token prompts, max_tokens 1, prompt tokens / TTFT (median); includes HTTP overhead.", ""]
+             f"One request at a time, {cfg.get('requests')} requests each. Decode: {cfg.get('decode_prompt')}-token "
+             f"prompts, {cfg.get('decode_tokens')} tokens (TPOT p50). Prefill: {cfg.get('prefill_prompt')}-token "
+             "prompts, max_tokens 1, prompt tokens / TTFT (median; includes the HTTP round trip).", ""]
     lines += table(["server", "decode TPOT (ms)", "decode tok/s", "prefill tok/s", "prefill TTFT (ms)"], rows)
     return lines + ["", "<details><summary>server commands</summary>", "",
                     *[f"- {n}: `{v['command']}`" for n, v in ss.items()], "", "</details>", ""]
@@ -136,6 +138,8 @@ def render(results: dict, plots: list[str], plot_note: str) -> str:
         lines += single_stream_section(results["single_stream"])
     for w in results["workloads"]:
         lines += workload_section(w)
+    for f in results.get("failed", []):
+        lines += [f"### {f['workload']}: FAILED", "", "```", f["error"][-800:], "```", ""]
     lines += ["### Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots]
     lines += ([plot_note] if plot_note else []) + ["", END]
     return "\n".join(lines) + "\n"
@@ -156,7 +160,8 @@ def write_all(results: dict, out_dir: str, markdown: str) -> None:
     pngs, note = make_plots(results, out_dir)
     rel = [os.path.relpath(p, os.path.dirname(os.path.abspath(markdown))) for p in pngs]
     splice(markdown, render(results, rel, note))
-    print(f"wrote {markdown}, {out_dir}/results.json" + (f", {len(pngs)} plots" if pngs else f" ({note})"))
+    print(f"wrote {markdown}, {out_dir}/results.json" + (f", {len(pngs)} plots" if pngs else "")
+          + (f" ({note})" if note else ""))
 
 
 # ---------------------------------------------------------------- plots (matplotlib optional)
