@@ -25,9 +25,9 @@ def test_every_tensor_is_float32_with_the_model_shape(checkpoint):
     cfg = checkpoint.config
     w = checkpoint.weights
     assert w["embed"].shape == (cfg.vocab_size, cfg.hidden_size)
-    assert w["layers.0.qkv"].shape == (cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)
-    assert w["layers.3.gate_up"].shape == (2 * cfg.intermediate_size, cfg.hidden_size)
-    assert w["layers.3.down"].shape == (cfg.hidden_size, cfg.intermediate_size)
+    assert w["layers.0.qkv"].shape == (cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size)   # [in, out]
+    assert w["layers.3.gate_up"].shape == (cfg.hidden_size, 2 * cfg.intermediate_size)
+    assert w["layers.3.down"].shape == (cfg.intermediate_size, cfg.hidden_size)
     assert all(a.dtype == np.float32 and np.isfinite(a).all() for a in w.values())
     assert len(w) == 2 + 6 * cfg.num_layers   # the q/k/v and gate/up parts are fused, not kept
 
@@ -77,7 +77,7 @@ def test_adjacent_rope_on_gguf_rows_equals_neox_rope_on_unpermuted_rows(checkpoi
     cfg = checkpoint.config
     rng = np.random.default_rng(2)
     x = rng.standard_normal((1, cfg.hidden_size)).astype(np.float32)
-    hf_q = checkpoint.weights["layers.5.qkv"][:cfg.q_size]
+    hf_q = checkpoint.weights["layers.5.qkv"][:, :cfg.q_size].T
     gguf_q = _permute_like_llama_cpp(hf_q, cfg.num_heads)
     cache = ops.rope_cos_sin_cache(cfg.head_dim, 4096 + 1, cfg.rope_theta)
     pos = np.array([position], dtype=np.int32)

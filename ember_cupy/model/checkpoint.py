@@ -11,21 +11,23 @@ from ember_cupy.config import ModelConfig
 # Canonical weight names, independent of the file format:
 #   embed, norm, lm_head (absent when tied),
 #   layers.{i}.{attn_norm, qkv, qkv_bias (optional), o, ffn_norm, gate_up, down}
-# Linear weights are [out_features, in_features]; q/k rows are in HF order (rotate-half RoPE).
-# q/k/v and gate/up are fused at load (one GEMM each), and the parts are dropped so the
-# weights are held once.
+# Linear weights are stored transposed, [in_features, out_features], so a layer is `x @ W`
+# (on CPU BLAS ~20% faster than `x @ W.T` for small batches); q/k columns are in HF order
+# (rotate-half RoPE). q/k/v and gate/up are fused at load (one GEMM each), and the parts are
+# dropped so the weights are held once.
 
 ProgressCallback = Callable[[int, int], None]  # (done, total)
 
 
-def fuse_projections(weights: dict[str, np.ndarray], num_layers: int) -> None:
-    """In place: layers.i.{q,k,v} -> qkv (+ qkv_bias), layers.i.{gate,up} -> gate_up."""
+def prepare_linear_weights(weights: dict[str, np.ndarray], num_layers: int) -> None:
+    """In place: layers.i.{q,k,v} -> qkv (+ qkv_bias), layers.i.{gate,up} -> gate_up, and every
+    layer's linear weight [out, in] -> its transpose [in, out]."""
     for i in range(num_layers):
         pop = lambda name: weights.pop(f"layers.{i}.{name}", None)  # noqa: E731
         parts = [pop(n) for n in ("q", "k", "v")]
         if any(p is None for p in parts):
             raise ValueError(f"layer {i}: q/k/v projection missing from the checkpoint")
-        weights[f"layers.{i}.qkv"] = np.concatenate(parts)
+        weights[f"layers.{i}.qkv"] = _transposed(np.concatenate(parts))
         biases = [pop(f"{n}_bias") for n in ("q", "k", "v")]
         if any(b is not None for b in biases):
             weights[f"layers.{i}.qkv_bias"] = np.concatenate([
@@ -33,7 +35,13 @@ def fuse_projections(weights: dict[str, np.ndarray], num_layers: int) -> None:
         gate, up = pop("gate"), pop("up")
         if gate is None or up is None:
             raise ValueError(f"layer {i}: gate/up projection missing from the checkpoint")
-        weights[f"layers.{i}.gate_up"] = np.concatenate([gate, up])
+        weights[f"layers.{i}.gate_up"] = _transposed(np.concatenate([gate, up]))
+        for name in ("o", "down"):
+            weights[f"layers.{i}.{name}"] = _transposed(weights[f"layers.{i}.{name}"])
+
+
+def _transposed(weight: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(weight.T)
 
 
 @dataclass

@@ -6,7 +6,7 @@ import re
 import numpy as np
 
 from ember_cupy.config import ModelConfig
-from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, fuse_projections
+from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, prepare_linear_weights
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 
@@ -56,7 +56,7 @@ def load_gguf(path: str, progress: ProgressCallback | None = None) -> Checkpoint
     tokenizer = Tokenizer.from_gguf(reader)
     config = _model_config(reader, arch, tokenizer)
     weights = _read_weights(reader, config, progress)
-    fuse_projections(weights, config.num_layers)
+    prepare_linear_weights(weights, config.num_layers)
     if "lm_head" not in weights:
         config = _replace(config, tie_word_embeddings=True)
     return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=path)

@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from ember_cupy.config import ModelConfig
-from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, fuse_projections
+from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, prepare_linear_weights
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
@@ -37,7 +37,7 @@ def load_hf_directory(path: str, progress: ProgressCallback | None = None) -> Ch
     tokenizer = Tokenizer.from_hf_directory(path, eos_token_ids=eos)
     config = model_config_from_hf(raw, arch, tokenizer, name=os.path.basename(os.path.normpath(path)))
     weights = _read_safetensors(path, progress)
-    fuse_projections(weights, config.num_layers)
+    prepare_linear_weights(weights, config.num_layers)
     if not config.tie_word_embeddings and "lm_head" not in weights:
         raise ValueError(f"{path}: lm_head.weight missing and tie_word_embeddings is false")
     return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=path)

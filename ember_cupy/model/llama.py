@@ -30,11 +30,11 @@ class BatchMetadata:
 @dataclass
 class LayerWeights:
     attn_norm: object
-    qkv: object               # [q + 2 kv, hidden], q/k/v fused into one GEMM
+    qkv: object               # [hidden, q + 2 kv], q/k/v fused into one GEMM
     qkv_bias: object | None
     o: object
     ffn_norm: object
-    gate_up: object           # [2 intermediate, hidden], gate/up fused into one GEMM
+    gate_up: object           # [hidden, 2 intermediate], gate/up fused into one GEMM
     down: object
 
 
@@ -81,14 +81,14 @@ class LlamaModel:
                 x, residual = ops.fused_add_rms_norm(hidden, residual, layer.attn_norm, cfg.rms_norm_eps)
             hidden = self._attention(x, layer, batch, k_cache, v_cache)
             x, residual = ops.fused_add_rms_norm(hidden, residual, layer.ffn_norm, cfg.rms_norm_eps)
-            hidden = ops.silu_and_mul(x @ layer.gate_up.T) @ layer.down.T
+            hidden = ops.silu_and_mul(x @ layer.gate_up) @ layer.down
         sampled_hidden = (hidden[batch.logits_indices], residual[batch.logits_indices])
         x, _ = ops.fused_add_rms_norm(*sampled_hidden, self.norm, cfg.rms_norm_eps)
         return x @ self.lm_head.T
 
     def _attention(self, x, layer: LayerWeights, batch: BatchMetadata, k_cache, v_cache):
         cfg = self.config
-        qkv = x @ layer.qkv.T
+        qkv = x @ layer.qkv
         if layer.qkv_bias is not None:
             qkv += layer.qkv_bias
         num_tokens = x.shape[0]
@@ -99,4 +99,4 @@ class LlamaModel:
         ops.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         out = ops.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,
                                   batch.query_start_loc, self.scale)
-        return out.reshape(num_tokens, cfg.q_size) @ layer.o.T
+        return out.reshape(num_tokens, cfg.q_size) @ layer.o
