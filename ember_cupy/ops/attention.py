@@ -36,15 +36,30 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     out = np.empty_like(q)
     query_lens = np.diff(query_start_loc)
     decodes = np.flatnonzero(query_lens == 1)
-    if decodes.size:
-        rows = query_start_loc[decodes]
-        out[rows] = _decode_attention(q[rows], k_cache, v_cache, block_tables[decodes],
-                                      context_lens[decodes], scale)
+    for group in _similar_length_groups(decodes, context_lens):
+        rows = query_start_loc[group]
+        out[rows] = _decode_attention(q[rows], k_cache, v_cache, block_tables[group],
+                                      context_lens[group], scale)
     for s in np.flatnonzero(query_lens > 1):
         start, end = int(query_start_loc[s]), int(query_start_loc[s + 1])
         out[start:end] = _prefill_attention(q[start:end], k_cache, v_cache, block_tables[s],
                                             int(context_lens[s]), scale)
     return out
+
+
+def _similar_length_groups(seqs: np.ndarray, context_lens: np.ndarray, ratio: float = 2.0):
+    """Split decode sequences into groups whose contexts differ by at most `ratio`, so that
+    padding every group to its longest context wastes little (one group per call)."""
+    if not seqs.size:
+        return []
+    ordered = seqs[np.argsort(context_lens[seqs], kind="stable")]
+    lengths = context_lens[ordered]
+    groups, start = [], 0
+    for i in range(1, len(ordered) + 1):
+        if i == len(ordered) or lengths[i] > ratio * lengths[start]:
+            groups.append(ordered[start:i])
+            start = i
+    return groups
 
 
 def _gather_pages(cache: np.ndarray, block_ids: np.ndarray, length: int) -> np.ndarray:
