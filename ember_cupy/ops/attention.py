@@ -100,20 +100,27 @@ def _prefill_attention(q, k_cache, v_cache, block_table, context_len, scale):
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     num_blocks = -(-context_len // block_size)
-    keys = _gather_pages(k_cache, block_table[:num_blocks], context_len).transpose(1, 2, 0)    # [Hk, D, L]
-    values = _gather_pages(v_cache, block_table[:num_blocks], context_len).transpose(1, 0, 2)  # [Hk, L, D]
-    queries = (q * np.float32(scale)).reshape(q_len, num_kv_heads, group, head_dim).transpose(1, 2, 0, 3)
+    # contiguous operands: numpy's batched matmul falls back to a slow loop on strided ones
+    keys = np.ascontiguousarray(
+        _gather_pages(k_cache, block_table[:num_blocks], context_len).transpose(1, 2, 0))   # [Hk, D, L]
+    values = np.ascontiguousarray(
+        _gather_pages(v_cache, block_table[:num_blocks], context_len).transpose(1, 0, 2))   # [Hk, L, D]
+    queries = np.ascontiguousarray(
+        (q * np.float32(scale)).reshape(q_len, num_kv_heads, group, head_dim).transpose(1, 2, 0, 3))
     out = np.empty((num_kv_heads, group, q_len, head_dim), dtype=q.dtype)
     first_position = context_len - q_len
     tile = max(1, _MAX_SCORE_ELEMENTS // (num_heads * context_len))
     key_positions = np.arange(context_len)
     for start in range(0, q_len, tile):
         stop = min(q_len, start + tile)
-        scores = np.matmul(queries[:, :, start:stop], keys[:, None])     # [Hk, G, t, L]
+        # [Hk, G*t, D] @ [Hk, D, L]: one GEMM per KV head for all its query heads
+        tile_queries = queries[:, :, start:stop].reshape(num_kv_heads, -1, head_dim)
+        scores = np.matmul(tile_queries, keys).reshape(num_kv_heads, group, stop - start, context_len)
         query_positions = first_position + np.arange(start, stop)
         future = key_positions[None, :] > query_positions[:, None]       # [t, L]
-        scores[:, :, future] = -np.inf
-        out[:, :, start:stop] = np.matmul(_softmax_inplace(scores), values[:, None])
+        scores += np.where(future, np.float32(-np.inf), np.float32(0.0))
+        probs = _softmax_inplace(scores).reshape(num_kv_heads, -1, context_len)
+        out[:, :, start:stop] = np.matmul(probs, values).reshape(num_kv_heads, group, stop - start, head_dim)
     return out.transpose(2, 0, 1, 3).reshape(q_len, num_heads, head_dim)
 
 
