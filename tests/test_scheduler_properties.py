@@ -141,3 +141,27 @@ def test_same_trace_same_schedule():
         run.run(trace)
         schedules.append([[(s.request_id, n) for s, n in b.scheduled] for b in run.batches])
     assert schedules[0] == schedules[1]
+
+
+def test_fork_shares_blocks_and_copies_the_partial_one_on_write():
+    from ember_cupy.engine.block_manager import BlockManager
+    from ember_cupy.engine.sequence import Sequence
+    from ember_cupy.sampling_params import SamplingParams
+
+    bm = BlockManager(num_blocks=8, block_size=4)
+    parent = Sequence("r", list(range(6)), SamplingParams(), 4)   # 1 full block + 2 tokens
+    bm.allocate(parent, 6)
+    parent.num_computed_tokens = 6
+    child = Sequence("r", list(range(6)), SamplingParams(), 4, index=1)
+    bm.fork(parent, child)
+    assert child.block_table == parent.block_table
+    assert [bm.blocks[b].ref_count for b in parent.block_table] == [2, 2]
+    for seq in (parent, child):
+        seq.token_ids.append(99 + seq.index)
+    copies = bm.allocate(child, 1)                 # appends into the shared partial block
+    assert copies == [(parent.block_table[1], child.block_table[1])]
+    assert child.block_table[0] == parent.block_table[0] and child.block_table[1] != parent.block_table[1]
+    assert bm.allocate(parent, 1) == []            # now the parent owns its block alone
+    bm.free(parent)
+    bm.free(child)
+    assert bm.num_free_blocks == 8
