@@ -32,12 +32,6 @@ class Request:
         self._new_tokens.setdefault(seq.index, []).append(token_id)
         self._new_text[seq.index] = self._new_text.get(seq.index, "") + text
 
-    def note_text(self, seq: Sequence, text: str) -> None:
-        self._new_text[seq.index] = self._new_text.get(seq.index, "") + text
-
-    def has_news(self) -> bool:
-        return bool(self._new_tokens or self._new_text) or self.finished
-
     def make_output(self) -> RequestOutput:
         """An output with everything so far, and the deltas since the previous output."""
         outputs = []

@@ -162,7 +162,3 @@ class Scheduler:
         self._preempted.add(id(seq))
         self.waiting.append(seq)
         batch.preempted.append(seq)
-
-    # --- aborts ---------------------------------------------------------------------------
-    def sequences_of(self, request_id: str) -> list[Sequence]:
-        return [s for s in self.running + self.waiting if s.request_id == request_id]
