@@ -1,7 +1,7 @@
 """Frozen, validated configuration of the model and of the engine."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 POLICIES = ("fcfs", "sjf", "priority")
 DTYPES = ("auto", "float32", "float16", "bfloat16")

@@ -1,7 +1,7 @@
 """Per-request sampling parameters, with OpenAI / vLLM defaults and meanings."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 MAX_LOGPROBS = 20
 MAX_N = 128

@@ -1,7 +1,6 @@
 """Property tests of the scheduler + block manager with no model (engine/dry_run.py)."""
 from collections import Counter
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

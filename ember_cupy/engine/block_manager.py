@@ -8,7 +8,7 @@ least recently freed block and only then forgets its hash (LRU eviction).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ember_cupy.engine.sequence import Sequence
 
