@@ -15,6 +15,9 @@ from ember_cupy.config import ModelConfig
 from ember_cupy.model.checkpoint import Checkpoint
 
 
+_LM_HEAD_SLICE = 1024
+
+
 @dataclass
 class BatchMetadata:
     """Per-step layout of the flattened batch, built once by the runner for all layers."""
@@ -84,7 +87,20 @@ class LlamaModel:
             hidden = ops.silu_and_mul(x @ layer.gate_up) @ layer.down
         sampled_hidden = (hidden[batch.logits_indices], residual[batch.logits_indices])
         x, _ = ops.fused_add_rms_norm(*sampled_hidden, self.norm, cfg.rms_norm_eps)
-        return x @ self.lm_head.T
+        return self._logits(x)
+
+    def _logits(self, x):
+        """x @ lm_head.T. For 2-24 rows on NumPy, lm_head @ x.T over slices of 1024 vocab rows
+        is 1.3-1.6x faster with OpenBLAS (measured): the big matrix is not packed in one go."""
+        rows = x.shape[0]
+        if self.xp is not np or not 2 <= rows <= 24:
+            return x @ self.lm_head.T
+        vocab = self.lm_head.shape[0]
+        out = np.empty((vocab, rows), dtype=np.result_type(x, self.lm_head))
+        x_t = x.T
+        for start in range(0, vocab, _LM_HEAD_SLICE):
+            np.matmul(self.lm_head[start:start + _LM_HEAD_SLICE], x_t, out=out[start:start + _LM_HEAD_SLICE])
+        return np.ascontiguousarray(out.T)
 
     def _attention(self, x, layer: LayerWeights, batch: BatchMetadata, k_cache, v_cache):
         cfg = self.config
