@@ -24,6 +24,9 @@ THREADS, TILE, MAX_ACCUMULATORS = 128, 128, 16
 
 # Upper bound on score-matrix elements per tile, so a long prefill never allocates GBs.
 _MAX_SCORE_ELEMENTS = 1 << 24
+# Queries per prefill tile: each tile scores only the keys up to its last query, so tiling
+# skips most of the causal mask's upper triangle.
+PREFILL_TILE = 64
 
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
@@ -117,18 +120,21 @@ def _prefill_attention(q, k_cache, v_cache, block_table, context_len, scale):
         (q * np.float32(scale)).reshape(q_len, num_kv_heads, group, head_dim).transpose(1, 2, 0, 3))
     out = np.empty((num_kv_heads, group, q_len, head_dim), dtype=q.dtype)
     first_position = context_len - q_len
-    tile = max(1, _MAX_SCORE_ELEMENTS // (num_heads * context_len))
+    tile = min(PREFILL_TILE, max(1, _MAX_SCORE_ELEMENTS // (num_heads * context_len)))
     key_positions = np.arange(context_len)
     for start in range(0, q_len, tile):
         stop = min(q_len, start + tile)
-        # [Hk, G*t, D] @ [Hk, D, L]: one GEMM per KV head for all its query heads
+        visible = first_position + stop   # keys up to the tile's last query: skips the future
+        # [Hk, G*t, D] @ [Hk, D, visible]: one GEMM per KV head for all its query heads
         tile_queries = queries[:, :, start:stop].reshape(num_kv_heads, -1, head_dim)
-        scores = np.matmul(tile_queries, keys).reshape(num_kv_heads, group, stop - start, context_len)
+        scores = np.matmul(tile_queries, keys[:, :, :visible]).reshape(
+            num_kv_heads, group, stop - start, visible)
         query_positions = first_position + np.arange(start, stop)
-        future = key_positions[None, :] > query_positions[:, None]       # [t, L]
+        future = key_positions[None, :visible] > query_positions[:, None]       # [t, visible]
         scores += np.where(future, np.float32(-np.inf), np.float32(0.0))
-        probs = _softmax_inplace(scores).reshape(num_kv_heads, -1, context_len)
-        out[:, :, start:stop] = np.matmul(probs, values).reshape(num_kv_heads, group, stop - start, head_dim)
+        probs = _softmax_inplace(scores).reshape(num_kv_heads, -1, visible)
+        out[:, :, start:stop] = np.matmul(probs, values[:, :visible]).reshape(
+            num_kv_heads, group, stop - start, head_dim)
     return out.transpose(2, 0, 1, 3).reshape(q_len, num_heads, head_dim)
 
 
