@@ -16,11 +16,14 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
+import sys
 import time
 
-from ember_cupy import ops
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_serving import make_prompts  # noqa: E402
 
-WORDS = "the quick brown fox jumps over a lazy dog and then".split()
+from ember_cupy import ops  # noqa: E402
 
 
 class OpClock:
@@ -99,16 +102,12 @@ def install(llm, clock: OpClock) -> None:
         model, input_ids, batch, kv_caches, clock)
 
 
-def prompt(length: int, salt: int) -> str:
-    return " ".join(WORDS[(salt * 7 + j * 3) % len(WORDS)] for j in range(length))
-
-
 def profile_decode(llm, batch: int, context: int, steps: int, clock: OpClock) -> tuple[float, int]:
     from ember_cupy import SamplingParams
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)
-    for i in range(batch):
-        engine.add_request(f"profile-{i}", prompt(context, i), params)
+    for i, text in enumerate(make_prompts(batch, context, context)):
+        engine.add_request(f"profile-{i}", text, params)
     engine.step()
     while any(seq.num_uncomputed_tokens > 1 for seq in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
@@ -122,10 +121,11 @@ def profile_decode(llm, batch: int, context: int, steps: int, clock: OpClock) ->
 
 def profile_prefill(llm, context: int, clock: OpClock) -> tuple[float, int]:
     from ember_cupy import SamplingParams
-    llm.generate([prompt(context, 99)], SamplingParams(max_tokens=1))   # warm the pool's pages
+    warm, measured = make_prompts(2, context, context)
+    llm.generate([warm], SamplingParams(max_tokens=1))   # warm the pool's pages
     clock.reset()
     start = time.perf_counter()
-    llm.generate([prompt(context, 1)], SamplingParams(max_tokens=1))
+    llm.generate([measured], SamplingParams(max_tokens=1))
     return time.perf_counter() - start, 1
 
 
