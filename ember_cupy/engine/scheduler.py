@@ -5,6 +5,12 @@ Each step has a budget of max_num_seqs sequences and max_num_batched_tokens toke
      recompute when the KV pool cannot grow;
   2. running sequences whose prompt is partly computed (chunked prefill) get what is left;
   3. waiting sequences, in policy order, fill the rest, chunked if they do not fit.
+
+Policies: fcfs (arrival order), priority (smaller priority first, then arrival), sjf (shortest
+job first: the prompt length, then the requested max_tokens, a request without max_tokens after
+any with one; a request that has waited sjf_aging_steps steps jumps ahead, in arrival order).
+sjf cannot rank by the resolved max_tokens: without max_tokens (the chat default) it is "the rest
+of the context", which makes every such request the same length.
 """
 from __future__ import annotations
 
@@ -15,6 +21,9 @@ from dataclasses import dataclass, field
 from ember_cupy.config import EngineConfig
 from ember_cupy.engine.block_manager import BlockManager
 from ember_cupy.engine.sequence import Sequence, SequenceStatus
+
+
+_UNBOUNDED = float("inf")   # sjf: a request without max_tokens ranks after any with one
 
 
 @dataclass
@@ -81,7 +90,10 @@ class Scheduler:
             return (preempted, seq.priority, arrival)
         if policy == "sjf":
             aged = self.step_count - seq.stats.arrival_step >= self.config.sjf_aging_steps
-            return (preempted, 0 if aged else 1, 0 if aged else seq.max_total_tokens, arrival)
+            if aged:
+                return (preempted, 0, 0, 0, arrival)
+            requested = seq.params.max_tokens
+            return (preempted, 1, seq.num_prompt_tokens, _UNBOUNDED if requested is None else requested, arrival)
         return (preempted, arrival)
 
     def _running_key(self, seq: Sequence):
