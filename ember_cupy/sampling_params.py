@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 MAX_LOGPROBS = 20
 MAX_N = 128
+MAX_STOP_STRINGS = 16     # stop sequences per request (OpenAI allows 4; vLLM does not bound them)
+MAX_STOP_LENGTH = 1024    # characters per stop sequence: a stream holds back up to this - 1
 
 
 def _require(ok: bool, message: str) -> None:
@@ -49,6 +51,11 @@ class SamplingParams:
         set_("stop", _as_tuple(self.stop, "stop", str))
         set_("stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids", int))
         _require(all(s for s in self.stop), "SamplingParams.stop must not contain empty strings")
+        _require(len(self.stop) <= MAX_STOP_STRINGS,
+                 f"SamplingParams.stop may hold at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
+        longest = max(map(len, self.stop), default=0)
+        _require(longest <= MAX_STOP_LENGTH,
+                 f"SamplingParams.stop strings may be at most {MAX_STOP_LENGTH} characters long, got {longest}")
         _require(isinstance(self.n, int) and 1 <= self.n <= MAX_N,
                  f"SamplingParams.n must be an integer in [1, {MAX_N}], got {self.n!r}")
         _require(0.0 <= self.temperature <= 100.0,

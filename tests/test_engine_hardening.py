@@ -36,3 +36,15 @@ def test_sjf_uses_max_tokens_when_given_to_break_prompt_ties(checkpoint):
                 order.append(output.request_id)
                 engine.abort(output.request_id)
     assert order == ["few", "many", "unbounded"]
+
+
+def test_stop_strings_are_bounded_in_count_and_length():
+    from ember_cupy.sampling_params import MAX_STOP_LENGTH, MAX_STOP_STRINGS
+    assert (MAX_STOP_STRINGS, MAX_STOP_LENGTH) == (16, 1024)
+    SamplingParams(stop=["x" * MAX_STOP_LENGTH] * MAX_STOP_STRINGS)     # the limits themselves are fine
+    with pytest.raises(ValueError, match=r"stop.*1024"):
+        SamplingParams(stop="x" * 100_000)
+    with pytest.raises(ValueError, match=r"stop.*1024"):
+        SamplingParams(stop=["ok", "y" * (MAX_STOP_LENGTH + 1)])
+    with pytest.raises(ValueError, match=r"stop.*16"):
+        SamplingParams(stop=[str(i) for i in range(MAX_STOP_STRINGS + 1)])

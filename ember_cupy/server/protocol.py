@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ember_cupy.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
+from ember_cupy.sampling_params import MAX_LOGPROBS, MAX_N, MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams
 from ember_cupy.server.errors import APIError, bad_request, from_value_error
 from ember_cupy.server.validation import Fields, is_int
 
@@ -196,7 +196,7 @@ def _sampling(f: Fields, vocab_size: int, logprobs: int | None, default_max_toke
         seed=None if seed is None else seed % (1 << 64),   # numpy seeds must be >= 0
         max_tokens=max_tokens,
         min_tokens=f.int("min_tokens", 0, 0),
-        stop=tuple(f.str_list("stop")),
+        stop=tuple(f.str_list("stop", MAX_STOP_STRINGS, MAX_STOP_LENGTH)),
         stop_token_ids=tuple(stop_token_ids),
         ignore_eos=f.bool("ignore_eos", False),
         logprobs=logprobs,

@@ -136,8 +136,8 @@ class Fields:
             raise self._wrong(name, "an object", value)
         return value
 
-    def str_list(self, name: str, max_items: int = 16) -> list[str]:
-        """A string or a list of strings (stop sequences)."""
+    def str_list(self, name: str, max_items: int = 16, max_length: int | None = None) -> list[str]:
+        """A string or a list of strings (stop sequences), each at most max_length characters."""
         value = self.raw(name, _MISSING)
         if value is _MISSING:
             return []
@@ -149,6 +149,10 @@ class Fields:
             raise bad_request(f"'{name}' may hold at most {max_items} items, got {len(value)}", param=name)
         if any(not v for v in value):
             raise bad_request(f"'{name}' must not contain empty strings", param=name)
+        longest = max(map(len, value), default=0)
+        if max_length is not None and longest > max_length:
+            raise bad_request(f"'{name}' strings may be at most {max_length} characters long, got {longest}",
+                              param=name)
         return value
 
     def int_list(self, name: str, lo: int | None = None) -> list[int]:
