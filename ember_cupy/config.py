@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 POLICIES = ("fcfs", "sjf", "priority")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+QUANTIZATIONS = ("auto", "none", "q8_0")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -69,6 +70,9 @@ class EngineConfig:
     max_waiting: int | None = None        # bound on queued requests; None = unbounded
     dtype: str = "auto"                   # weights/KV dtype; auto = float32 on NumPy, float16 on CuPy
     gpu_memory_utilization: float = 0.9   # CuPy: fraction of free device memory for weights + KV
+    # Serving format of the weight matrices (ember_cupy/model/weights.py): auto = as stored
+    # (GGUF blocks stay quantized), none = dequantized to float (the exact reference), q8_0.
+    quantization: str = "auto"
 
     def __post_init__(self):
         _require(self.max_num_seqs >= 1, "EngineConfig.max_num_seqs must be >= 1")
@@ -85,6 +89,8 @@ class EngineConfig:
                  f"EngineConfig.policy must be one of {POLICIES}, got {self.policy!r}")
         _require(self.sjf_aging_steps >= 1, "EngineConfig.sjf_aging_steps must be >= 1")
         _require(self.dtype in DTYPES, f"EngineConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _require(self.quantization in QUANTIZATIONS,
+                 f"EngineConfig.quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         _require(0.0 < self.gpu_memory_utilization <= 1.0,
                  "EngineConfig.gpu_memory_utilization must be in (0, 1]")
         _require(self.max_waiting is None or self.max_waiting >= 1,

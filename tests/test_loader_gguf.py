@@ -21,14 +21,18 @@ def test_default_model_facts(checkpoint):
     assert {tok.id_to_token(i) for i in cfg.eos_token_ids} == {"<|im_end|>", "<|endoftext|>"}
 
 
-def test_every_tensor_is_float32_with_the_model_shape(checkpoint):
+def test_tensors_keep_their_file_format_with_the_model_shape(checkpoint):
+    """Quantized matrices stay in their GGUF blocks, [out, in]; norms are float32."""
     cfg = checkpoint.config
     w = checkpoint.weights
-    assert w["embed"].shape == (cfg.vocab_size, cfg.hidden_size)
-    assert w["layers.0.qkv"].shape == (cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size)   # [in, out]
-    assert w["layers.3.gate_up"].shape == (cfg.hidden_size, 2 * cfg.intermediate_size)
-    assert w["layers.3.down"].shape == (cfg.intermediate_size, cfg.hidden_size)
-    assert all(a.dtype == np.float32 and np.isfinite(a).all() for a in w.values())
+    assert (w["embed"].qtype, w["embed"].shape) == ("Q8_0", (cfg.vocab_size, cfg.hidden_size))
+    assert w["layers.0.qkv"].shape == (cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)   # [out, in]
+    assert w["layers.3.gate_up"].shape == (2 * cfg.intermediate_size, cfg.hidden_size)
+    assert w["layers.3.down"].shape == (cfg.hidden_size, cfg.intermediate_size)
+    matrices = [v for k, v in w.items() if k.rsplit(".", 1)[-1] in ("qkv", "o", "gate_up", "down")]
+    assert {m.qtype for m in matrices} == {"Q4_1"}
+    assert all(w[f"layers.{i}.attn_norm"].dtype == np.float32 for i in range(cfg.num_layers))
+    assert all(np.isfinite(m.dequantize()).all() for m in matrices[:8])
     assert len(w) == 2 + 6 * cfg.num_layers   # the q/k/v and gate/up parts are fused, not kept
 
 
@@ -77,7 +81,7 @@ def test_adjacent_rope_on_gguf_rows_equals_neox_rope_on_unpermuted_rows(checkpoi
     cfg = checkpoint.config
     rng = np.random.default_rng(2)
     x = rng.standard_normal((1, cfg.hidden_size)).astype(np.float32)
-    hf_q = checkpoint.weights["layers.5.qkv"][:, :cfg.q_size].T
+    hf_q = checkpoint.weights["layers.5.qkv"].dequantize()[:cfg.q_size]
     gguf_q = _permute_like_llama_cpp(hf_q, cfg.num_heads)
     cache = ops.rope_cos_sin_cache(cfg.head_dim, 4096 + 1, cfg.rope_theta)
     pos = np.array([position], dtype=np.int32)

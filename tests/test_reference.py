@@ -17,7 +17,9 @@ TOP = 10
 @pytest.fixture(scope="module")
 def llm(checkpoint):
     from ember_cupy import LLM
-    return LLM(checkpoint, max_num_batched_tokens=256)  # the ~500-token prompt runs in chunks
+    # quantization="none": the exact fp32 mode (the quantized default is held to the reference by
+    # tests/test_quantized_fidelity.py); the ~500-token prompt runs in chunks
+    return LLM(checkpoint, max_num_batched_tokens=256, quantization="none")
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,9 @@ class LLMEngine:
         self.model_config = self.checkpoint.config
         self.tokenizer = self.checkpoint.tokenizer
         xp = get_xp()
-        self.runner = ModelRunner(self.checkpoint, self.config, xp=xp)
+        # a checkpoint loaded here is consumed by the model, so the weights are held once
+        self.runner = ModelRunner(self.checkpoint, self.config, xp=xp,
+                                  consume_checkpoint=not isinstance(model, Checkpoint))
         if xp is np:  # after the KV pool exists: it stays lazily-zeroed mmap'd memory
             keep_freed_memory_mapped()
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,

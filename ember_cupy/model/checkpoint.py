@@ -1,4 +1,4 @@
-"""What a loader hands to the engine: the model's shape, its float32 weights, its tokenizer."""
+"""What a loader hands to the engine: the model's shape, its weights, its tokenizer."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,14 +7,16 @@ from typing import Callable
 import numpy as np
 
 from ember_cupy.config import ModelConfig
+from ember_cupy.quant import QuantizedTensor, concat_rows
 
 # Canonical weight names, independent of the file format:
 #   embed, norm, lm_head (absent when tied),
 #   layers.{i}.{attn_norm, qkv, qkv_bias (optional), o, ffn_norm, gate_up, down}
-# Linear weights are stored transposed, [in_features, out_features], so a layer is `x @ W`
-# (on CPU BLAS ~20% faster than `x @ W.T` for small batches); q/k columns are in HF order
-# (rotate-half RoPE). q/k/v and gate/up are fused at load (one GEMM each), and the parts are
-# dropped so the weights are held once.
+# Float linear weights are stored transposed, [in_features, out_features], so a layer is `x @ W`
+# (on CPU BLAS ~20% faster than `x @ W.T` for small batches); GGUF-quantized ones stay
+# `QuantizedTensor` [out_features, in_features] in their file blocks (ember_cupy/quant.py).
+# q/k are in HF order (rotate-half RoPE). q/k/v and gate/up are fused at load (one matmul each),
+# and the parts are dropped so the weights are held once.
 
 ProgressCallback = Callable[[int, int], None]  # (done, total)
 
@@ -27,31 +29,46 @@ def prepare_linear_weights(weights: dict[str, np.ndarray], num_layers: int) -> N
         parts = [pop(n) for n in ("q", "k", "v")]
         if any(p is None for p in parts):
             raise ValueError(f"layer {i}: q/k/v projection missing from the checkpoint")
-        weights[f"layers.{i}.qkv"] = _transposed(np.concatenate(parts))
+        weights[f"layers.{i}.qkv"] = _fused(parts)
         biases = [pop(f"{n}_bias") for n in ("q", "k", "v")]
         if any(b is not None for b in biases):
             weights[f"layers.{i}.qkv_bias"] = np.concatenate([
-                b if b is not None else np.zeros(len(w), np.float32) for b, w in zip(biases, parts)])
+                b if b is not None else np.zeros(_rows(w), np.float32) for b, w in zip(biases, parts)])
         gate, up = pop("gate"), pop("up")
         if gate is None or up is None:
             raise ValueError(f"layer {i}: gate/up projection missing from the checkpoint")
-        weights[f"layers.{i}.gate_up"] = _transposed(np.concatenate([gate, up]))
+        weights[f"layers.{i}.gate_up"] = _fused([gate, up])
         for name in ("o", "down"):
-            weights[f"layers.{i}.{name}"] = _transposed(weights[f"layers.{i}.{name}"])
+            weights[f"layers.{i}.{name}"] = _fused([weights[f"layers.{i}.{name}"]])
 
 
-def _transposed(weight: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(weight.T)
+def _rows(weight) -> int:
+    return weight.shape[0]
+
+
+def _fused(parts: list) -> np.ndarray | QuantizedTensor:
+    """[out, in] parts -> one weight: rows stacked in their common GGUF format, or else a float
+    [in, out] matrix (parts of mixed formats are dequantized)."""
+    if all(isinstance(p, QuantizedTensor) for p in parts) and len({p.qtype for p in parts}) == 1:
+        return parts[0] if len(parts) == 1 else concat_rows(parts)
+    floats = [p.dequantize() if isinstance(p, QuantizedTensor) else p for p in parts]
+    return np.ascontiguousarray((floats[0] if len(floats) == 1 else np.concatenate(floats)).T)
 
 
 @dataclass
 class Checkpoint:
     config: ModelConfig
-    weights: dict[str, np.ndarray]
+    weights: dict[str, np.ndarray | QuantizedTensor]
     tokenizer: "object"           # ember_cupy.tokenizer.Tokenizer
     source: str
 
-    def require(self, name: str) -> np.ndarray:
+    def take(self, name: str):
+        """require(name), removing it from the checkpoint (the caller now holds the only copy)."""
+        tensor = self.require(name)
+        del self.weights[name]
+        return tensor
+
+    def require(self, name: str):
         try:
             return self.weights[name]
         except KeyError:

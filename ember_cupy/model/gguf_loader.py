@@ -1,4 +1,8 @@
-"""GGUF checkpoints (llama.cpp's format) through the `gguf` package, dequantized to float32."""
+"""GGUF checkpoints (llama.cpp's format) through the `gguf` package.
+
+Float tensors (F32/F16/BF16) are read as float32; quantized ones stay in their GGUF blocks as
+`QuantizedTensor`s (the model decides their serving format: ember_cupy/model/weights.py).
+"""
 from __future__ import annotations
 
 import re
@@ -7,6 +11,7 @@ import numpy as np
 
 from ember_cupy.config import ModelConfig
 from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, prepare_linear_weights
+from ember_cupy.quant import QuantizedTensor
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 
@@ -104,7 +109,7 @@ def _read_weights(reader, config: ModelConfig, progress) -> dict[str, np.ndarray
     for done, tensor in enumerate(reader.tensors, 1):
         name = _canonical_name(tensor.name)
         if name is not None:
-            weights[name] = _unpermute_qk(name, _dequantize(tensor), config)
+            weights[name] = _unpermute_qk(name, _read_tensor(tensor), config)
         if progress:
             progress(done, total)
     return weights
@@ -117,6 +122,17 @@ def _canonical_name(gguf_name: str) -> str | None:
     if match and match.group(2) in _LAYER_NAMES:
         return f"layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
     return None  # e.g. rope_freqs: recomputed from the config
+
+
+def _read_tensor(tensor) -> np.ndarray | QuantizedTensor:
+    """Float tensors as float32 arrays; quantized matrices as their blocks (copied out of the
+    file's mmap, so the file can be closed)."""
+    from gguf import GGMLQuantizationType as QT
+    if tensor.tensor_type in (QT.F32, QT.F16, QT.BF16) or len(tensor.shape) != 2:
+        return _dequantize(tensor)
+    rows = int(tensor.shape[1])
+    data = np.array(tensor.data, dtype=np.uint8).reshape(rows, -1)
+    return QuantizedTensor(tensor.tensor_type.name, data, (rows, int(tensor.shape[0])))
 
 
 def _dequantize(tensor) -> np.ndarray:
@@ -134,7 +150,7 @@ def _dequantize(tensor) -> np.ndarray:
     return np.ascontiguousarray(data.reshape(shape))
 
 
-def _unpermute_qk(name: str, weight: np.ndarray, config: ModelConfig) -> np.ndarray:
+def _unpermute_qk(name: str, weight, config: ModelConfig):
     """Undo llama.cpp's q/k row permutation so the model can use HF rotate-half RoPE.
 
     The converter interleaves the two halves of every head's rows (pairs adjacent for the
@@ -144,6 +160,9 @@ def _unpermute_qk(name: str, weight: np.ndarray, config: ModelConfig) -> np.ndar
     if kind not in ("q", "k", "q_bias", "k_bias") or config.architecture != "llama":
         return weight
     heads = config.num_heads if kind.startswith("q") else config.num_kv_heads
+    if isinstance(weight, QuantizedTensor):   # rows are whole blocks: permute them as rows
+        order = _unpermute_qk(name, np.arange(weight.shape[0]), config)
+        return weight.take_rows(order)
     rows = weight.shape[0]
     per_head = rows // heads
     restored = weight.reshape(heads, per_head // 2, 2, *weight.shape[1:]).swapaxes(1, 2)

@@ -13,6 +13,8 @@ import numpy as np
 from ember_cupy import ops
 from ember_cupy.config import ModelConfig
 from ember_cupy.model.checkpoint import Checkpoint
+from ember_cupy.model.weights import is_quantized, linear_weight, vocab_matrix
+from ember_cupy.ops.linear import embedding, linear
 
 
 _LM_HEAD_SLICE = 1024
@@ -33,48 +35,64 @@ class BatchMetadata:
 @dataclass
 class LayerWeights:
     attn_norm: object
-    qkv: object               # [hidden, q + 2 kv], q/k/v fused into one GEMM
+    qkv: object               # q/k/v fused into one matmul (float [in, out] or QuantizedTensor [out, in])
     qkv_bias: object | None
     o: object
     ffn_norm: object
-    gate_up: object           # [hidden, 2 intermediate], gate/up fused into one GEMM
+    gate_up: object           # gate/up fused into one matmul
     down: object
 
 
 class LlamaModel:
-    def __init__(self, checkpoint: Checkpoint, xp=np, dtype=np.float32):
+    def __init__(self, checkpoint: Checkpoint, xp=np, dtype=np.float32, quantization: str = "none",
+                 consume: bool = False):
+        """quantization: serving format of the matrices (ember_cupy/model/weights.py); consume:
+        drop each checkpoint tensor once converted, so that the weights are held once."""
         self.config: ModelConfig = checkpoint.config
         self.xp = xp
         self.dtype = dtype
         cfg = self.config
         put = lambda array: xp.asarray(np.ascontiguousarray(array, dtype=dtype))  # noqa: E731
-        self.embed = put(checkpoint.require("embed"))
-        self.norm = put(checkpoint.require("norm"))
-        self.lm_head = self.embed if cfg.tie_word_embeddings else put(checkpoint.require("lm_head"))
-        self.layers = [self._layer(checkpoint, i, put) for i in range(cfg.num_layers)]
+        take = checkpoint.take if consume else checkpoint.require
+        self.embed = vocab_matrix(take("embed"), quantization, put)
+        self.norm = put(take("norm"))
+        self.lm_head = self.embed if cfg.tie_word_embeddings else vocab_matrix(take("lm_head"), quantization, put)
+        self.layers = [self._layer(take, checkpoint.weights, i, put, quantization)
+                       for i in range(cfg.num_layers)]
         max_positions = max(cfg.max_position_embeddings, 1)
         self.cos_sin_cache = xp.asarray(ops.rope_cos_sin_cache(
             cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling))
         self.scale = cfg.head_dim ** -0.5
 
     @staticmethod
-    def _layer(checkpoint: Checkpoint, index: int, put) -> LayerWeights:
-        get = lambda name: checkpoint.require(f"layers.{index}.{name}")  # noqa: E731
-        bias = checkpoint.weights.get(f"layers.{index}.qkv_bias")
+    def _layer(take, weights: dict, index: int, put, quantization: str) -> LayerWeights:
+        get = lambda name: take(f"layers.{index}.{name}")  # noqa: E731
+        matrix = lambda name: linear_weight(get(name), quantization, put)  # noqa: E731
+        bias = get("qkv_bias") if f"layers.{index}.qkv_bias" in weights else None
         return LayerWeights(
             attn_norm=put(get("attn_norm")),
-            qkv=put(get("qkv")),
+            qkv=matrix("qkv"),
             qkv_bias=None if bias is None else put(bias),
-            o=put(get("o")),
+            o=matrix("o"),
             ffn_norm=put(get("ffn_norm")),
-            gate_up=put(get("gate_up")),
-            down=put(get("down")),
+            gate_up=matrix("gate_up"),
+            down=matrix("down"),
         )
+
+    def weight_bytes(self) -> int:
+        """Bytes of all weights as served (the tied LM head counted once)."""
+        seen, total = set(), 0
+        for tensor in [self.embed, self.norm, self.lm_head, *(v for layer in self.layers
+                                                              for v in vars(layer).values())]:
+            if tensor is not None and id(tensor) not in seen:
+                seen.add(id(tensor))
+                total += int(tensor.nbytes)
+        return total
 
     def forward(self, input_ids, batch: BatchMetadata, kv_caches: list[tuple]) :
         """input_ids [T] -> logits [len(logits_indices), vocab] (float32)."""
         cfg = self.config
-        hidden = self.embed[input_ids]
+        hidden = embedding(self.embed, input_ids)
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             if residual is None:
@@ -84,7 +102,7 @@ class LlamaModel:
                 x, residual = ops.fused_add_rms_norm(hidden, residual, layer.attn_norm, cfg.rms_norm_eps)
             hidden = self._attention(x, layer, batch, k_cache, v_cache)
             x, residual = ops.fused_add_rms_norm(hidden, residual, layer.ffn_norm, cfg.rms_norm_eps)
-            hidden = ops.silu_and_mul(x @ layer.gate_up) @ layer.down
+            hidden = linear(ops.silu_and_mul(linear(x, layer.gate_up)), layer.down)
         sampled_hidden = (hidden[batch.logits_indices], residual[batch.logits_indices])
         x, _ = ops.fused_add_rms_norm(*sampled_hidden, self.norm, cfg.rms_norm_eps)
         return self._logits(x)
@@ -92,6 +110,8 @@ class LlamaModel:
     def _logits(self, x):
         """x @ lm_head.T. For 2-24 rows on NumPy, lm_head @ x.T over slices of 1024 vocab rows
         is 1.3-1.6x faster with OpenBLAS (measured): the big matrix is not packed in one go."""
+        if is_quantized(self.lm_head):
+            return linear(x, self.lm_head)
         rows = x.shape[0]
         if self.xp is not np or not 2 <= rows <= 24:
             return x @ self.lm_head.T
@@ -104,7 +124,7 @@ class LlamaModel:
 
     def _attention(self, x, layer: LayerWeights, batch: BatchMetadata, k_cache, v_cache):
         cfg = self.config
-        qkv = x @ layer.qkv
+        qkv = linear(x, layer.qkv)
         if layer.qkv_bias is not None:
             qkv += layer.qkv_bias
         num_tokens = x.shape[0]
@@ -115,4 +135,4 @@ class LlamaModel:
         ops.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         out = ops.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,
                                   batch.query_start_loc, self.scale)
-        return out.reshape(num_tokens, cfg.q_size) @ layer.o
+        return linear(out.reshape(num_tokens, cfg.q_size), layer.o)

@@ -1,6 +1,7 @@
 """Turns a scheduled batch into one forward pass over the paged KV pool."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -10,6 +11,8 @@ from ember_cupy.engine.scheduler import ScheduledBatch
 from ember_cupy.engine.sequence import Sequence
 from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.llama import BatchMetadata, LlamaModel
+
+logger = logging.getLogger("ember_cupy.runner")
 
 
 def resolve_dtype(name: str, xp) -> np.dtype:
@@ -46,15 +49,28 @@ def kv_block_bytes(model: ModelConfig, block_size: int, itemsize: int) -> int:
     return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * itemsize
 
 
+def serving_quantization(config: EngineConfig, xp) -> str:
+    """The weights' serving format: quantized blocks need the host kernels' backend (NumPy);
+    on CuPy the matrices are dequantized to the device dtype until CUDA quantized GEMMs exist."""
+    if xp is not np and config.quantization != "none":
+        logger.warning("quantization=%s is served on the CPU backend only; CuPy computes in %s",
+                       config.quantization, config.dtype)
+        return "none"
+    return config.quantization
+
+
 class ModelRunner:
-    def __init__(self, checkpoint: Checkpoint, config: EngineConfig, xp=np, dtype=None):
+    def __init__(self, checkpoint: Checkpoint, config: EngineConfig, xp=np, dtype=None,
+                 consume_checkpoint: bool = False):
         self.model_config = checkpoint.config
         self.config = config
         self.xp = xp
         dtype = resolve_dtype(config.dtype, xp) if dtype is None else np.dtype(dtype)
         if xp is not np:
             _configure_cupy()
-        self.model = LlamaModel(checkpoint, xp=xp, dtype=dtype)
+        self.quantization = serving_quantization(config, xp)
+        self.model = LlamaModel(checkpoint, xp=xp, dtype=dtype, quantization=self.quantization,
+                                consume=consume_checkpoint)
         itemsize = dtype.itemsize
         pool_bytes = config.kv_cache_memory if xp is np else device_kv_bytes(config, self.model_config, itemsize)
         self.num_blocks = config.num_kv_blocks or max(

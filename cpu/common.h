@@ -1,0 +1,85 @@
+/* Shared by the host kernels in cpu/: exports, fp16 conversion, ISA selection, threads.
+ *
+ * Each kernel file is compiled once per machine by ember_cupy/ops/_host.py with flags chosen from
+ * the CPU's features: the SIMD paths below are picked by the compiler's own predefined macros
+ * (__AVX512VNNI__, __AVX2__), so the same source also builds as plain C with any compiler.
+ * Kernels compute every output element in an order that does not depend on the batch (the rows
+ * of x processed together), so results are batch invariant.
+ */
+#ifndef EMBER_CPU_COMMON_H
+#define EMBER_CPU_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define EMBER_EXPORT __attribute__((visibility("default")))
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define EMBER_ISA "avx512vnni"
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define EMBER_ISA "avx2"
+#else
+#define EMBER_ISA "portable"
+#endif
+
+static inline float ember_f16_to_f32(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else {  /* subnormal: normalise */
+        int shift = 0;
+        while (!(man & 0x400u)) { man <<= 1; shift++; }
+        bits = sign | ((uint32_t)(113 - shift) << 23) | ((man & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+static inline uint16_t ember_f32_to_f16(float f) {
+#if defined(__F16C__)
+    return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t absx = x & 0x7fffffffu;
+    if (absx >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
+    if (absx >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);   /* rounds to inf */
+    if (absx < 0x38800000u) {                                       /* f16 subnormal or zero */
+        if (absx < 0x33000000u) return (uint16_t)sign;
+        uint32_t man = (absx & 0x7fffffu) | 0x800000u;
+        int shift = 126 - (int)(absx >> 23);                        /* 14..24 */
+        uint32_t half = man >> shift, rest = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rest > mid || (rest == mid && (half & 1u))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = ((absx >> 13) - (112u << 10)), rest = absx & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) half++;
+    return (uint16_t)(sign | half);
+#endif
+}
+
+static inline uint16_t ember_load_u16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+#endif

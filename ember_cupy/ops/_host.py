@@ -1,0 +1,194 @@
+"""Host kernels: cpu/*.c compiled on first use by the machine's C compiler, with flags chosen from
+the CPU's features, cached on disk (keyed by source hash + flags + compiler version), loaded with
+ctypes (which releases the GIL during a call). The CPU twin of ops/_cuda.py.
+
+ISA paths: `avx512vnni`, `avx2`, `portable` (plain C any compiler builds). `EMBER_HOST_ISA`
+forces one; `EMBER_HOST_KERNELS=0` turns host kernels off (the NumPy twins run instead);
+`EMBER_NUM_THREADS` sets the kernels' thread count (default: the CPUs this process may use).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+logger = logging.getLogger("ember_cupy.host")
+
+ISA_FLAGS = {
+    "avx512vnni": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c"),
+    "avx2": ("-mavx2", "-mfma", "-mf16c"),
+    "portable": (),
+}
+ISA_CPU_FLAGS = {
+    "avx512vnni": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"},
+    "avx2": {"avx2", "fma", "f16c"},
+    "portable": set(),
+}
+BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno",
+              "-Wall", "-Wextra", "-fvisibility=hidden")
+
+
+class HostKernelError(RuntimeError):
+    """The host kernels cannot be built or loaded here."""
+
+
+def _find_source_dir() -> Path:
+    if "EMBER_HOST_SOURCES" in os.environ:
+        return Path(os.environ["EMBER_HOST_SOURCES"])
+    checkout = Path(__file__).resolve().parents[2] / "cpu"
+    installed = Path(sys.prefix) / "share" / "ember_cupy" / "cpu"
+    return checkout if checkout.is_dir() or not installed.is_dir() else installed
+
+
+HOST_SOURCE_DIR = _find_source_dir()
+
+
+def cpu_flags() -> set[str]:
+    """The feature flags of this CPU as /proc/cpuinfo names them (empty where unreadable)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def best_isa(flags: set[str] | None = None) -> str:
+    flags = cpu_flags() if flags is None else flags
+    return next(isa for isa, needed in ISA_CPU_FLAGS.items() if needed <= flags)
+
+
+def supported_isas() -> list[str]:
+    flags = cpu_flags()
+    return [isa for isa, needed in ISA_CPU_FLAGS.items() if needed <= flags]
+
+
+def compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("EMBER_KERNEL_CACHE", Path.home() / ".cache" / "ember_cupy" / "kernels"))
+
+
+def _sources() -> list[Path]:
+    return sorted(HOST_SOURCE_DIR.glob("*.c"))
+
+
+def _build(isa: str) -> Path:
+    cc = compiler()
+    if cc is None:
+        raise HostKernelError("no C compiler (cc, gcc or clang) on PATH")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    sources = _sources()
+    if not sources:
+        raise HostKernelError(f"no host kernel sources in {HOST_SOURCE_DIR}")
+    digest = hashlib.sha256()
+    for path in [*sources, *sorted(HOST_SOURCE_DIR.glob("*.h"))]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    flags = (*BASE_FLAGS, *ISA_FLAGS[isa])
+    digest.update(f"{' '.join(flags)}|{version}".encode())
+    target = _cache_dir() / f"ember_host-{isa}-{digest.hexdigest()[:20]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".{os.getpid()}.tmp")
+    errors = ""
+    for openmp in (("-fopenmp",), ()):   # a compiler without OpenMP still builds 1-thread kernels
+        cmd = [cc, *flags, *openmp, "-I", str(HOST_SOURCE_DIR), *map(str, sources), "-o", str(tmp), "-lm"]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode == 0:
+            os.replace(tmp, target)
+            return target
+        errors = result.stderr
+    raise HostKernelError(f"{cc} failed to build the host kernels ({isa}):\n{errors[-4000:]}")
+
+
+class HostLibrary:
+    """The loaded host kernels of one ISA path."""
+
+    def __init__(self, isa: str):
+        self.isa = isa
+        self.path = _build(isa)
+        self.lib = ctypes.CDLL(str(self.path))
+        self._declare()
+        threads = int(os.environ.get("EMBER_NUM_THREADS", 0)) or _usable_cpus()
+        self.lib.ember_set_num_threads(threads)
+        self.threads = self.lib.ember_max_threads()
+        built_isa = self.lib.ember_isa().decode()
+        if built_isa != isa:
+            raise HostKernelError(f"host kernels built for {isa} report {built_isa}: flags not honoured")
+
+    def _declare(self):
+        from ctypes import c_char_p, c_int, c_int32, c_int64, c_void_p
+        lib = self.lib
+        lib.ember_isa.restype = c_char_p
+        lib.ember_max_threads.restype = c_int
+        lib.ember_set_num_threads.argtypes = [c_int]
+        lib.ember_quantize_q8.argtypes = [c_void_p, c_int64, c_int64, c_int64, c_void_p, c_void_p, c_void_p]
+        lib.ember_quantize_q8.restype = None
+        lib.ember_matmul_q.argtypes = [c_void_p, c_int64, c_int64, c_int64, c_void_p, c_int64, c_int32,
+                                       c_void_p, c_int64]
+        lib.ember_matmul_q.restype = c_int
+        for name, (argtypes, restype) in _EXTRA_SIGNATURES.items():
+            function = getattr(lib, name, None)
+            if function is not None:
+                function.argtypes, function.restype = argtypes, restype
+
+    def describe(self) -> str:
+        return f"host kernels: {self.isa}, {self.threads} thread(s), {compiler()}"
+
+
+# Other kernel families register their ctypes signatures here: name -> (argtypes, restype).
+_EXTRA_SIGNATURES: dict[str, tuple[list, object]] = {}
+
+
+def register_signature(name: str, argtypes: list, restype=None) -> None:
+    _EXTRA_SIGNATURES[name] = (argtypes, restype)
+    load_library.cache_clear()
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@functools.lru_cache(maxsize=None)
+def load_library(isa: str | None = None) -> HostLibrary:
+    """The host kernels for `isa` (default: EMBER_HOST_ISA, else the best this CPU supports)."""
+    isa = isa or os.environ.get("EMBER_HOST_ISA") or best_isa()
+    if isa not in ISA_FLAGS:
+        raise HostKernelError(f"EMBER_HOST_ISA={isa!r} is not one of {sorted(ISA_FLAGS)}")
+    if isa not in supported_isas() and isa != "portable":
+        raise HostKernelError(f"this CPU lacks the features of the {isa} path")
+    return HostLibrary(isa)
+
+
+@functools.lru_cache(maxsize=None)
+def active() -> HostLibrary | None:
+    """The host kernels the ops use, or None (then the NumPy twins run): off by EMBER_HOST_KERNELS=0,
+    or unavailable here (a one-line warning says why)."""
+    if os.environ.get("EMBER_HOST_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    try:
+        library = load_library()
+    except (HostKernelError, OSError) as error:
+        first_line = str(error).strip().split("\n")[0]
+        logger.warning("host kernels unavailable, using the NumPy path (slow): %s", first_line)
+        return None
+    return library
+
+
+def describe() -> str:
+    library = active()
+    return library.describe() if library else "host kernels: off (NumPy twins)"

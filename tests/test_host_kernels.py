@@ -1,0 +1,144 @@
+"""Host kernels (cpu/*.c) against their NumPy twins, on every ISA path this CPU can run."""
+import ctypes
+import logging
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+from gguf.quants import quantize
+
+from ember_cupy.ops import _host
+from ember_cupy.ops.linear import matmul_q, matmul_q_numpy
+from ember_cupy.quant import QuantizedTensor, fake_quantize_activations, q4_0_as_q4_1, to_kernel_format
+
+RUNNABLE = [isa for isa in _host.ISA_FLAGS if isa == "portable" or isa in _host.supported_isas()]
+
+
+@pytest.fixture(scope="module", params=RUNNABLE)
+def library(request):
+    return _host.load_library(request.param)
+
+
+# K-quant blocks (gguf cannot quantize them): random bytes with sane f16 scales at these offsets
+_K_QUANT_SCALES = {"Q4_K": (144, (0, 2)), "Q6_K": (210, (208,))}
+
+
+def _raw_k_quant(rng, qtype, rows, cols):
+    block_bytes, scale_offsets = _K_QUANT_SCALES[qtype]
+    blocks = rng.integers(0, 256, (rows, cols // 256, block_bytes), dtype=np.uint8)
+    for offset in scale_offsets:
+        blocks[..., offset:offset + 2] = np.array([0.01], np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def _weight(rng, qtype, rows, cols):
+    if qtype in _K_QUANT_SCALES:
+        data = _raw_k_quant(rng, qtype, rows, cols)
+    else:
+        data = quantize(rng.standard_normal((rows, cols)).astype(np.float32) * 0.1, QT[qtype])
+    return to_kernel_format(QuantizedTensor(qtype, data, (rows, cols)))
+
+
+def test_the_library_reports_the_path_it_was_built_for(library):
+    assert library.lib.ember_isa().decode() == library.isa
+    assert library.threads >= 1
+
+
+def test_best_isa_follows_the_cpu_flags():
+    assert _host.best_isa(set()) == "portable"
+    assert _host.best_isa({"avx2", "fma", "f16c"}) == "avx2"
+    assert _host.best_isa({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}) == "avx512vnni"
+
+
+def test_every_isa_path_compiles():
+    """The AVX-512 VNNI path builds here even where the CPU cannot run it (a compile check)."""
+    for isa in _host.ISA_FLAGS:
+        assert _host._build(isa).exists()
+
+
+def test_activation_quantization_is_bitwise_the_twins(library):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 96)).astype(np.float32) * rng.uniform(0.01, 30, (5, 1)).astype(np.float32)
+    x[2, :32] = 0.0                                   # an all-zero block: d = 0
+    q = np.empty((5, 96), np.int8)
+    d = np.empty((5, 3), np.float32)
+    s = np.empty((5, 3), np.float32)
+    library.lib.ember_quantize_q8(x.ctypes.data, 5, 96, 96, q.ctypes.data, d.ctypes.data, s.ctypes.data)
+    restored = (q.reshape(5, 3, 32) * d[..., None]).reshape(5, 96)
+    np.testing.assert_array_equal(restored, fake_quantize_activations(x))
+    np.testing.assert_allclose(s, d * q.reshape(5, 3, 32).sum(-1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "Q4_0", "Q5_0", "Q5_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 33])
+def test_matmul_equals_the_numpy_twin(library, qtype, rows):
+    rng = np.random.default_rng(rows)
+    cols = 256 if qtype in _K_QUANT_SCALES else 96
+    weight = _weight(rng, qtype, 37, cols)            # 37 rows: tiles with every edge case
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    ours, twin = matmul_q(x, weight, library), matmul_q_numpy(x, weight)
+    np.testing.assert_allclose(ours, twin, rtol=2e-5, atol=2e-5 * np.abs(twin).max())
+
+
+def test_matmul_reads_strided_rows(library):
+    rng = np.random.default_rng(3)
+    weight = _weight(rng, "Q4_1", 20, 64)
+    wide = rng.standard_normal((6, 100)).astype(np.float32)
+    x = wide[:, 4:68]
+    np.testing.assert_array_equal(matmul_q(x, weight, library), matmul_q(np.ascontiguousarray(x), weight, library))
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
+def test_each_row_is_the_same_whatever_the_batch(library, qtype):
+    """Batch invariance: a row's result does not depend on the rows computed with it."""
+    rng = np.random.default_rng(4)
+    weight = _weight(rng, qtype, 70, 128)
+    x = rng.standard_normal((17, 128)).astype(np.float32)
+    together = matmul_q(x, weight, library)
+    for i in (0, 3, 16):
+        np.testing.assert_array_equal(matmul_q(x[i:i + 1], weight, library)[0], together[i])
+    np.testing.assert_array_equal(matmul_q(x[5:11], weight, library), together[5:11])
+
+
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q4_K", "Q6_K"])
+def test_other_formats_are_requantized_to_q8_0(qtype):
+    rng = np.random.default_rng(6)
+    source = QuantizedTensor(qtype, _raw_k_quant(rng, qtype, 4, 256) if qtype in _K_QUANT_SCALES
+                             else quantize(rng.standard_normal((4, 256)).astype(np.float32), QT[qtype]), (4, 256))
+    served = to_kernel_format(source)
+    assert served.qtype == "Q8_0"
+    reference = source.dequantize()
+    assert np.abs(served.dequantize() - reference).max() <= np.abs(reference).max() / 127
+
+
+def test_q4_0_repacked_as_q4_1_is_exact():
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((8, 64)).astype(np.float32)
+    q4_0 = QuantizedTensor("Q4_0", quantize(w, QT.Q4_0), w.shape)
+    np.testing.assert_array_equal(q4_0_as_q4_1(q4_0).dequantize(), q4_0.dequantize())
+
+
+def test_bad_arguments_are_refused(library):
+    x = np.zeros((1, 40), np.float32)
+    out = np.zeros(4, np.float32)
+    status = library.lib.ember_matmul_q(x.ctypes.data, 1, 40, 40, ctypes.c_void_p(0), 4, 1, out.ctypes.data, 4)
+    assert status == -1                               # K not a multiple of 32
+    with pytest.raises(ValueError, match="does not match"):
+        matmul_q(np.zeros((1, 64), np.float32), _weight(np.random.default_rng(0), "Q8_0", 4, 96), library)
+
+
+def test_no_compiler_means_a_warning_and_the_numpy_path(monkeypatch, caplog):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setenv("EMBER_KERNEL_CACHE", "/nonexistent-cache")
+    _host.load_library.cache_clear()
+    _host.active.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="ember_cupy.host"):
+            assert _host.active() is None
+        assert "NumPy path" in caplog.text
+        weight = _weight(np.random.default_rng(0), "Q8_0", 4, 64)
+        x = np.ones((2, 64), np.float32)
+        np.testing.assert_array_equal(matmul_q(x, weight), matmul_q_numpy(x, weight))
+    finally:
+        _host.load_library.cache_clear()
+        _host.active.cache_clear()
