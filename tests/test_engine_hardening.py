@@ -48,3 +48,25 @@ def test_stop_strings_are_bounded_in_count_and_length():
         SamplingParams(stop=["ok", "y" * (MAX_STOP_LENGTH + 1)])
     with pytest.raises(ValueError, match=r"stop.*16"):
         SamplingParams(stop=[str(i) for i in range(MAX_STOP_STRINGS + 1)])
+
+
+def test_prefix_cache_keys_are_sha256_digests_of_the_chain(make_llm):
+    from ember_cupy.engine.block_manager import BlockManager
+    bm = BlockManager(num_blocks=4, block_size=4)
+    root = bm.hash_block(None, [1, 2, 3, 4], None)
+    assert isinstance(root, bytes) and len(root) == 32            # a SHA-256 digest, not hash()
+    assert bm.hash_block(None, (1, 2, 3, 4), None) == root          # list or tuple: same key
+    others = [bm.hash_block(None, [1, 2, 3, 5], None),              # other tokens
+              bm.hash_block(None, [4, 3, 2, 1], None),
+              bm.hash_block(None, [1, 2, 3, 4], "tenant-a"),        # other salt
+              bm.hash_block(root, [1, 2, 3, 4], None),              # other parent
+              bm.hash_block(None, [1 << 20, 2, 3, 4], None)]
+    assert len({root, *others}) == 1 + len(others)
+    # through the engine: every cached block is keyed by a 32-byte digest, and hits still happen
+    llm = make_llm(block_size=4, num_kv_blocks=64)
+    prompt = "The quick brown fox jumps over the lazy dog, " * 3
+    params = SamplingParams(temperature=0, max_tokens=2)
+    first, second = llm.generate([prompt], params)[0], llm.generate([prompt], params)[0]
+    cached = llm.engine.block_manager.cached
+    assert cached and all(isinstance(k, bytes) and len(k) == 32 for k in cached)
+    assert second.num_cached_tokens > 0 and second.outputs[0].token_ids == first.outputs[0].token_ids

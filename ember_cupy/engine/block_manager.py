@@ -1,12 +1,16 @@
 """Paged KV-cache bookkeeping: block tables, refcounts, prefix caching, copy-on-write.
 
-Only full blocks are ever cached: each gets a chain hash of (parent hash, its token ids,
-cache salt), so equal hashes mean equal prefixes. Blocks whose refcount drops to zero go to
+Only full blocks are ever cached: each gets a chain hash, the SHA-256 digest of (parent digest,
+cache salt, its token ids as packed int32), so equal hashes mean equal prefixes: a collision
+(which would serve one tenant's KV to another) is as hard as a SHA-256 collision, not Python's
+hash() of a tuple. A hit is still confirmed on the block's own tokens. Blocks whose refcount drops to
 the free queue but keep their hash, so a later request can revive them; allocation takes the
 least recently freed block and only then forgets its hash (LRU eviction).
 """
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -17,7 +21,7 @@ from ember_cupy.engine.sequence import Sequence
 class Block:
     block_id: int
     ref_count: int = 0
-    block_hash: int | None = None
+    block_hash: bytes | None = None
     token_ids: tuple[int, ...] = ()   # the tokens behind block_hash, to confirm a hit
 
 
@@ -34,7 +38,7 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self.cached: dict[int, int] = {}   # block hash -> block id
+        self.cached: dict[bytes, int] = {}   # block hash -> block id
         self.prefix_stats = PrefixCacheStats()
 
     # --- queries ------------------------------------------------------------------------
@@ -58,8 +62,18 @@ class BlockManager:
         return self.blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
 
     # --- prefix cache -------------------------------------------------------------------
-    def hash_block(self, parent_hash: int | None, token_ids, cache_salt: str | None) -> int:
-        return hash((parent_hash, tuple(token_ids), cache_salt))
+    def hash_block(self, parent_hash: bytes | None, token_ids, cache_salt: str | None) -> bytes:
+        """SHA-256 over an unambiguous encoding: a tag byte and the parent's digest (none for the
+        first block), the salt's length and UTF-8 bytes (none marked apart from ""), then the
+        tokens as native int32s up to the end."""
+        h = hashlib.sha256(b"\x00" if parent_hash is None else b"\x01" + parent_hash)
+        if cache_salt is None:
+            h.update(b"\xff\xff\xff\xff")
+        else:
+            salt = cache_salt.encode("utf-8", "surrogatepass")
+            h.update(len(salt).to_bytes(4, "little") + salt)
+        h.update(array("i", token_ids).tobytes())
+        return h.digest()
 
     def acquire_cached_prefix(self, seq: Sequence) -> int:
         """Give a fresh sequence the longest run of cached blocks of its tokens.

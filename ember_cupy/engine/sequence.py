@@ -56,7 +56,7 @@ class Sequence:
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
-    block_hashes: list[int] = field(default_factory=list)   # chain hashes of its full computed blocks
+    block_hashes: list[bytes] = field(default_factory=list)   # chain digests of its full computed blocks
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None    # "stop" | "length" | "abort"
     stop_reason: str | int | None = None
