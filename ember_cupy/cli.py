@@ -10,7 +10,7 @@ import re
 import sys
 import time
 
-from ember_cupy.config import DTYPES, POLICIES, EngineConfig
+from ember_cupy.config import DTYPES, POLICIES, QUANTIZATIONS, EngineConfig
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
@@ -69,6 +69,9 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     _add(g, "--policy", choices=POLICIES, default="fcfs", help="waiting-queue order")
     _add(g, "--max-waiting", type=int, default=None, help="bound on queued requests; past it: 503 + Retry-After")
     _add(g, "--dtype", choices=DTYPES, default="auto", help="weights / KV dtype")
+    _add(g, "--quantization", choices=QUANTIZATIONS, default="auto",
+         help="weight format: auto = as stored (GGUF blocks stay quantized, host kernels), "
+              "none = dequantize to float (the exact reference), q8_0 = quantize every matrix")
     _add(g, "--no-progress", action="store_true", default=False, help="no progress bar while loading")
 
 
@@ -88,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--drain-timeout", type=float, default=10.0,
          help="on SIGINT/SIGTERM, seconds in-flight requests may finish before being aborted")
     _add(g, "--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    sub.add_parser("info", help="backend, host-kernel path and CPU features, as JSON")
 
     for name, text in (("generate", "one-shot generation, streamed to the terminal"),
                        ("chat", "interactive chat with the model's chat template")):
@@ -112,7 +117,8 @@ def engine_config(args) -> EngineConfig:
                         max_model_len=args.max_model_len, block_size=args.block_size,
                         kv_cache_memory=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
                         enable_prefix_caching=args.enable_prefix_caching, policy=args.policy,
-                        max_waiting=args.max_waiting, dtype=args.dtype)
+                        max_waiting=args.max_waiting, dtype=args.dtype,
+                        quantization=args.quantization)
 
 
 class ProgressBar:
@@ -242,6 +248,13 @@ class _Capture:
         self.out.flush()
 
 
+def cmd_info() -> int:
+    import json
+    from ember_cupy.info import runtime_info
+    print(json.dumps(runtime_info(), indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -250,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_serve(args)
         if args.command == "generate":
             return cmd_generate(args)
+        if args.command == "info":
+            return cmd_info()
         return cmd_chat(args)
     except (ValueError, FileNotFoundError) as exc:
         print(f"ember-cupy: error: {exc}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """The synchronous engine: add_request / abort / step(), one continuous-batching step at a time."""
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -18,6 +19,8 @@ from ember_cupy.model.loader import load_checkpoint
 from ember_cupy.model.runner import ModelRunner
 from ember_cupy.outputs import RequestOutput
 from ember_cupy.sampling_params import SamplingParams
+
+logger = logging.getLogger("ember_cupy.engine")
 
 
 class LLMEngine:
@@ -43,6 +46,8 @@ class LLMEngine:
             limits.append(self.config.max_model_len)
         self.max_model_len = min(limits)
         self.requests: dict[str, Request] = {}
+        from ember_cupy.info import describe
+        logger.info("%s", describe(self))
 
     # --- admission ----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,

@@ -121,7 +121,8 @@ class _Handlers:
         return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def version(self, request: web.Request) -> web.Response:
-        return web.json_response({"version": ember_cupy.__version__})
+        from ember_cupy.info import runtime_info
+        return web.json_response(runtime_info(self.engine.engine))
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.json_response(openapi_spec(ember_cupy.__version__))

@@ -1,0 +1,51 @@
+"""What this process runs on: backend, host-kernel path, and (once loaded) the engine's weights
+and memory. Reported by `ember-cupy info`, `GET /version` and the start-up log."""
+from __future__ import annotations
+
+import resource
+import sys
+
+import ember_cupy
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def host_kernel_info() -> dict:
+    from ember_cupy.ops import _host
+    library = _host.active()
+    info = {"active": library is not None, "cpu_supports": _host.supported_isas(),
+            "compiler": _host.compiler()}
+    if library is not None:
+        info.update(isa=library.isa, threads=library.threads, library=str(library.path))
+    return info
+
+
+def runtime_info(engine=None) -> dict:
+    """Facts about the runtime; with an `LLMEngine`, its serving format and memory too."""
+    from ember_cupy.backend import get_backend_name
+    info = {"version": ember_cupy.__version__, "backend": get_backend_name()}
+    if info["backend"] == "numpy":
+        info["host_kernels"] = host_kernel_info()
+    if engine is not None:
+        runner = engine.runner
+        info.update(quantization=runner.quantization, weight_bytes=runner.model.weight_bytes(),
+                    kv_cache_blocks=runner.num_blocks, peak_rss_bytes=peak_rss_bytes())
+    return info
+
+
+def describe(engine=None) -> str:
+    """One line for the start-up log."""
+    info = runtime_info(engine)
+    parts = [f"ember-cupy {info['version']}", f"backend {info['backend']}"]
+    host = info.get("host_kernels")
+    if host is not None:
+        parts.append(f"host kernels {host['isa']} x{host['threads']} threads" if host["active"]
+                     else "host kernels off (NumPy twins)")
+    if engine is not None:
+        parts.append(f"weights {info['quantization']} {info['weight_bytes'] / 2**20:.1f} MiB")
+        parts.append(f"peak RSS {info['peak_rss_bytes'] / 2**20:.0f} MiB")
+    return ", ".join(parts)
