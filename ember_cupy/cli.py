@@ -68,7 +68,9 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
          help="reuse the KV of shared prompt prefixes")
     _add(g, "--policy", choices=POLICIES, default="fcfs", help="waiting-queue order")
     _add(g, "--max-waiting", type=int, default=None, help="bound on queued requests; past it: 503 + Retry-After")
-    _add(g, "--dtype", choices=DTYPES, default="auto", help="weights / KV dtype")
+    _add(g, "--dtype", choices=DTYPES, default="auto",
+         help="weights / KV dtype (auto: float32 on the CPU, float16 on CUDA; float16 is refused on the "
+              "CPU, which has no BLAS for it)")
     _add(g, "--quantization", choices=QUANTIZATIONS, default="auto",
          help="weight format: auto = as stored (GGUF blocks stay quantized, host kernels), "
               "none = dequantize to float (the exact reference), q8_0 = quantize every matrix")
@@ -145,8 +147,16 @@ class ProgressBar:
         self.stream.flush()
 
 
+def check_dtype(args) -> None:
+    """A --dtype the backend cannot serve (float16 on NumPy) fails here, before the model loads."""
+    from ember_cupy.backend import get_xp
+    from ember_cupy.model.runner import resolve_dtype
+    resolve_dtype(args.dtype, get_xp())
+
+
 def _load_engine(args):
     from ember_cupy.engine.llm_engine import LLMEngine
+    check_dtype(args)
     progress = None if args.no_progress else ProgressBar()
     return LLMEngine(args.model, engine_config(args), progress=progress)
 
@@ -164,6 +174,7 @@ def cmd_serve(args) -> int:
     from ember_cupy.server import AsyncEngine, EngineMetrics, ServerSettings, serve
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine_config(args)   # bad flags fail here, before the socket opens
+    check_dtype(args)
     names = served_names(args)
     settings = ServerSettings(host=args.host, port=args.port, served_model_names=names,
                               api_key=args.api_key or None, allowed_origins=list(args.allowed_origins or []),

@@ -70,3 +70,12 @@ def test_prefix_cache_keys_are_sha256_digests_of_the_chain(make_llm):
     cached = llm.engine.block_manager.cached
     assert cached and all(isinstance(k, bytes) and len(k) == 32 for k in cached)
     assert second.num_cached_tokens > 0 and second.outputs[0].token_ids == first.outputs[0].token_ids
+
+
+def test_float16_is_refused_on_the_numpy_backend(checkpoint, capsys):
+    from ember_cupy import LLM, cli
+    with pytest.raises(ValueError, match="float16.*BLAS"):
+        LLM(checkpoint, dtype="float16", num_kv_blocks=16)
+    # the server refuses it before it opens its socket or loads the model
+    assert cli.main(["serve", "--dtype", "float16", "--port", "1"]) == 2
+    assert "float16" in capsys.readouterr().err

@@ -16,9 +16,17 @@ logger = logging.getLogger("ember_cupy.runner")
 
 
 def resolve_dtype(name: str, xp) -> np.dtype:
-    """EngineConfig.dtype -> storage dtype of weights and KV: auto = float32 on NumPy, float16 on CuPy."""
+    """EngineConfig.dtype -> storage dtype of weights and KV: auto = float32 on NumPy, float16 on CuPy.
+
+    float16 is refused on NumPy: NumPy has no BLAS for float16, so every GEMM runs in its generic
+    loops (hundreds of times slower than float32). bfloat16 (ml_dtypes) is allowed: its matmul
+    computes in float32 through BLAS."""
     if name == "auto":
         name = "float32" if xp is np else "float16"
+    if name == "float16" and xp is np:
+        raise ValueError("dtype float16 is not supported on the CPU (NumPy) backend: NumPy has no BLAS "
+                         "for float16, so matrix products would run hundreds of times slower than in "
+                         "float32; use --dtype float32 (the default there) or bfloat16")
     if name == "bfloat16":
         import ml_dtypes
         return np.dtype(ml_dtypes.bfloat16)
