@@ -109,7 +109,11 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if not isinstance(text, str):
             raise ValueError(f"text to tokenize must be a string, got {type(text).__name__}")
-        ids = self._hf.encode(text, add_special_tokens=False).ids
+        try:
+            ids = self._hf.encode(text, add_special_tokens=False).ids
+        except TypeError:   # what `tokenizers` raises for a str it cannot convert to UTF-8
+            check_unicode(text)
+            raise
         if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
             ids = [self.bos_token_id] + ids
         return ids
@@ -128,6 +132,16 @@ class Tokenizer:
         if self.chat_template is None:
             raise ValueError("this model has no chat template; use a plain completion prompt")
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
+
+
+def check_unicode(text: str) -> None:
+    """ValueError if text holds a lone UTF-16 surrogate (e.g. from the JSON escape "\\ud800"):
+    it has no UTF-8 form, so no tokenizer can take it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text contains a lone UTF-16 surrogate (\\u{ord(text[exc.start]):04x}) at "
+                         f"character {exc.start}: it must be valid Unicode") from None
 
 
 def _content(token) -> str:

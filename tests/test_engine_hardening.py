@@ -79,3 +79,16 @@ def test_float16_is_refused_on_the_numpy_backend(checkpoint, capsys):
     # the server refuses it before it opens its socket or loads the model
     assert cli.main(["serve", "--dtype", "float16", "--port", "1"]) == 2
     assert "float16" in capsys.readouterr().err
+
+
+def test_a_lone_surrogate_in_a_prompt_is_a_value_error(make_llm):
+    llm = make_llm(num_kv_blocks=16)
+    with pytest.raises(ValueError, match="surrogate"):
+        llm.generate("a\ud800b", SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError, match="surrogate"):
+        llm.chat([{"role": "user", "content": "x\udfffy"}], SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError, match="surrogate"):
+        llm.tokenizer.encode("\ud83d")
+    assert llm.tokenizer.encode("\U0001F600") == llm.tokenizer.encode("\ud83d\ude00".encode(
+        "utf-16", "surrogatepass").decode("utf-16"))              # a proper pair is just a character
+    assert not llm.engine.has_unfinished_requests()

@@ -149,7 +149,10 @@ class _Handlers:
             except ValueError as exc:
                 raise bad_request(str(exc), param="messages") from None
             add_special = f.bool("add_special_tokens", True)   # as the engine encodes chat prompts
-        tokens = tokenizer.encode(text, add_special_tokens=add_special)
+        try:
+            tokens = tokenizer.encode(text, add_special_tokens=add_special)
+        except ValueError as exc:
+            raise bad_request(str(exc), param="prompt" if f.has("prompt") else "messages") from None
         result = {"count": len(tokens), "max_model_len": self.engine.max_model_len, "tokens": tokens}
         if f.bool("return_token_strs", False):
             result["token_strs"] = [tokenizer.id_to_token(t) for t in tokens]

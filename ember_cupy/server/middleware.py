@@ -7,7 +7,7 @@ import logging
 
 from aiohttp import web
 
-from ember_cupy.server.errors import APIError, from_http_exception
+from ember_cupy.server.errors import APIError, bad_request, from_http_exception
 
 log = logging.getLogger("ember_cupy.server")
 
@@ -27,6 +27,9 @@ def error_middleware():
             return from_http_exception(exc).response()
         except (asyncio.CancelledError, ConnectionError):
             raise
+        except RecursionError:   # nested input that slipped past the body's depth check
+            log.warning("recursion limit hit in %s %s", request.method, request.path)
+            return bad_request("request is nested too deeply", code="invalid_json").response()
         except Exception:
             log.exception("unhandled error in %s %s", request.method, request.path)
             return APIError(500, "internal server error", code="internal_error").response()

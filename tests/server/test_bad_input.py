@@ -22,6 +22,14 @@ def chat(**fields):
 JSON = {"Content-Type": "application/json"}
 LONG_PROMPT = "word " * (MAX_MODEL_LEN + 50)
 
+SURROGATE = "a\ud800b"            # a lone UTF-16 surrogate: json.dumps sends it as the escape \ud800
+
+
+def deep(depth: int, field: bytes = b"metadata") -> bytes:
+    """A body nested `depth` levels deep (~2 KB at 980) in a field the endpoint accepts or ignores."""
+    return b'{"prompt": "x", "' + field + b'": ' + b"[" * depth + b"]" * depth + b"}"
+
+
 # (id, method, path, body, headers, status, param)
 CASES = [
     # body syntax, content type, size
@@ -109,6 +117,25 @@ CASES = [
     ("response-format-json", "POST", CH, chat(response_format={"type": "json_object"}), {}, 400, "response_format"),
     ("tools-unsupported", "POST", CH, chat(tools=[{"type": "function", "function": {"name": "f"}}]), {}, 400,
      "tools"),
+    # text that is not valid Unicode, and JSON nested too deeply, on every JSON endpoint
+    ("surrogate-prompt", "POST", C, comp(prompt=SURROGATE), {}, 400, "prompt"),
+    ("surrogate-prompt-list", "POST", C, comp(prompt=["ok", SURROGATE]), {}, 400, "prompt"),
+    ("surrogate-chat-content", "POST", CH, chat(messages=[{"role": "user", "content": SURROGATE}]), {}, 400,
+     "messages"),
+    ("surrogate-stop", "POST", CH, chat(stop=[SURROGATE]), {}, 400, "stop"),
+    ("surrogate-key", "POST", C, {**comp(), SURROGATE: 1}, {}, 400, None),
+    ("surrogate-tokenize", "POST", "/tokenize", {"prompt": SURROGATE}, {}, 400, "prompt"),
+    ("surrogate-tokenize-messages", "POST", "/tokenize", {"messages": [{"role": "user", "content": SURROGATE}]},
+     {}, 400, "messages"),
+    ("surrogate-detokenize", "POST", "/detokenize", {"tokens": [1], "model": SURROGATE}, {}, 400, "model"),
+    ("deep-json-980", "POST", C, deep(980), JSON, 400, None),
+    ("deep-json-completions", "POST", C, deep(5000), JSON, 400, None),
+    ("deep-json-chat", "POST", CH, deep(5000), JSON, 400, None),
+    ("deep-json-tokenize", "POST", "/tokenize", deep(5000, b"add_special_tokens"), JSON, 400, None),
+    ("deep-json-detokenize", "POST", "/detokenize", b'{"tokens": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+     JSON, 400, None),
+    ("deep-json-array", "POST", C, b"[" * 5000 + b"]" * 5000, JSON, 400, None),
+    ("deep-json-moderate", "POST", C, deep(100), JSON, 400, None),   # decodes, but past MAX_JSON_DEPTH
     # tokenizer routes
     ("tokenize-no-input", "POST", "/tokenize", {"model": MODEL}, {}, 400, "prompt"),
     ("tokenize-prompt-number", "POST", "/tokenize", {"prompt": 5}, {}, 400, "prompt"),
