@@ -1,10 +1,15 @@
-/* y[M, N] = x[M, K] @ W[N, K]^T with W kept in a GGUF block format (llama.cpp's scheme).
+/* y[M, N] = x[M, K] @ W[N, K]^T with W quantized in blocks of 32 (llama.cpp's scheme).
  *
- * x is quantized once per call to int8 blocks of 32 (scale d = max|x| / 127, q = rint(x / d),
- * and s = d * sum(q) for formats with an offset); each output is then a sum over blocks of
- * integer dot products times the two blocks' scales:
- *   Q8_0 (34 B: f16 d, int8 q[32]):          w = d * q
- *   Q4_1 (20 B: f16 d, f16 m, nibbles[16]):  w = d * q + m   (Q4_0 is repacked as Q4_1 at load)
+ * x is quantized once per call to int8 blocks (d = max|x| / 127, q = rint(x / d), s = d * sum q).
+ * W is repacked at load (ember_cupy/quant.py) so that 8 weight rows share each 32-byte load:
+ *   Q4_1x8, per 8 rows and block: f16 d[8], f16 m[8], then 4 chunks of 32 bytes; byte 4r+i of
+ *           chunk c holds row r's value at k = 8c+i in its low nibble and k = 8c+4+i in its high
+ *           nibble (w = d*q + m; Q4_0 becomes Q4_1 with m = -8d);
+ *   Q8_0x8, per 8 rows and block: f16 d[8], then 8 chunks of 32 int8; byte 4r+i of chunk j is
+ *           row r's value at k = 4j+i (w = d*q).
+ * A chunk times 4 broadcast bytes of x gives the 8 rows' partial dot products in 8 int32 lanes,
+ * so the per-block scaling is one vector FMA per 8 outputs. Each output is one accumulation
+ * chain over the blocks, whatever the batch: results are batch invariant.
  * NumPy twin: ember_cupy/ops/linear.py (fake-quantized x @ dequantized W).
  */
 #include "common.h"
@@ -12,13 +17,12 @@
 #include <stdlib.h>
 
 #define QK 32
+#define ROWS 8                       /* weight rows interleaved together */
+#define MR 4                         /* rows of x per tile */
+#define GROUPS_PER_TASK 4            /* 32 weight rows per thread task */
+#define M_CHUNK 128                  /* rows of x whose int8 blocks stay in L2 */
 enum { WTYPE_Q8_0 = 0, WTYPE_Q4_1 = 1 };
-static const int64_t BLOCK_BYTES[] = {34, 20};
-
-/* Rows of x handled together against one weight row, and weight rows per thread task. */
-#define MR 4
-#define NR 4
-#define N_TILE 16
+static const int64_t RECORD_BYTES[] = {16 + 256, 32 + 128};
 
 EMBER_EXPORT const char *ember_isa(void) { return EMBER_ISA; }
 
@@ -68,137 +72,171 @@ EMBER_EXPORT void ember_quantize_q8(const float *x, int64_t M, int64_t K, int64_
         quantize_row(x + m * ldx, K, xq + m * K, xd + m * nb, xs + m * nb);
 }
 
-/* ---- one block's integer dot product -------------------------------------------------- */
+/* ---- one group of 8 weight rows against R rows of x ------------------------------------- */
 #if defined(__AVX2__)
-static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+static inline __m256i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+static inline __m256 load_f16x8(const uint8_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
-}
-
-static inline __m256i unpack_nibbles(const uint8_t *qs) {
-    __m128i packed = _mm_loadu_si128((const __m128i *)qs);
-    __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
-}
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#define DOT_ACC(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
 #endif
 
-/* A tile: R rows of x against C weight rows (R, C compile-time constants after inlining). Each
- * output is one accumulation chain over the blocks, the same whatever the tile's shape, so the
- * results do not depend on the batch; the tile's shape only sets how many chains run at once. */
-static inline __attribute__((always_inline)) void tile(
-        const uint8_t *w, int64_t row_bytes, int32_t wtype, int64_t nb, const int8_t *xq, int64_t K,
-        const float *xd, const float *xs, const int R, const int C, float *y, int64_t ldy) {
-    const int64_t bb = BLOCK_BYTES[wtype];
-#if defined(__AVX2__)
-    __m256 acc[MR][NR];
-    float offset[MR][NR];
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) { acc[r][c] = _mm256_setzero_ps(); offset[r][c] = 0.0f; }
+static inline __attribute__((always_inline)) void group_tile(
+        const uint8_t *g, int32_t wtype, int64_t nb, const int8_t *xq, int64_t K,
+        const float *xd, const float *xs, const int R, float out[MR][ROWS]) {
+    const int64_t rb = RECORD_BYTES[wtype];
+    __m256 acc[MR];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i xv[MR];
-        for (int r = 0; r < R; r++) xv[r] = _mm256_loadu_si256((const __m256i *)(xq + r * K + b * QK));
-        for (int c = 0; c < C; c++) {
-            const uint8_t *blk = w + c * row_bytes + b * bb;
-            const float dw = ember_f16_to_f32(ember_load_u16(blk));
-            if (wtype == WTYPE_Q4_1) {
-                const float mw = ember_f16_to_f32(ember_load_u16(blk + 2));
-                const __m256i wq = unpack_nibbles(blk + 4);
+        const uint8_t *rec = g + b * rb;
+        const __m256 dw = load_f16x8(rec);
+        __m256i isum[MR];
+        if (wtype == WTYPE_Q4_1) {
+            const __m256 mw = load_f16x8(rec + 16);
+            const __m256i low = _mm256_set1_epi8(0x0f);
+#if defined(DOT_ACC)
+            for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 32 + 32 * c));
+                const __m256i lo = _mm256_and_si256(v, low);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
                 for (int r = 0; r < R; r++) {
-                    __m256 dot = _mm256_cvtepi32_ps(dot_u8s8(wq, xv[r]));
-                    acc[r][c] = _mm256_fmadd_ps(dot, _mm256_set1_ps(dw * xd[r * nb + b]), acc[r][c]);
-                    offset[r][c] += mw * xs[r * nb + b];
+                    const int8_t *xb = xq + r * K + b * QK + 8 * c;
+                    isum[r] = DOT_ACC(isum[r], lo, bcast4(xb));
+                    isum[r] = DOT_ACC(isum[r], hi, bcast4(xb + 4));
                 }
-            } else {
-                const __m256i wq = _mm256_loadu_si256((const __m256i *)(blk + 2));
+            }
+#else
+            __m256i s16[MR];
+            for (int r = 0; r < R; r++) s16[r] = _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) {   /* 16-bit sums cannot overflow: 8 x 2 x 15 x 127 */
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 32 + 32 * c));
+                const __m256i lo = _mm256_and_si256(v, low);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                for (int r = 0; r < R; r++) {
+                    const int8_t *xb = xq + r * K + b * QK + 8 * c;
+                    s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(lo, bcast4(xb)));
+                    s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(hi, bcast4(xb + 4)));
+                }
+            }
+            for (int r = 0; r < R; r++) isum[r] = _mm256_madd_epi16(s16[r], _mm256_set1_epi16(1));
+#endif
+            for (int r = 0; r < R; r++) {
+                const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * nb + b]));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), scale, acc[r]);
+                acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[r * nb + b]), acc[r]);
+            }
+        } else {
+            for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {
+                const __m256i wq = _mm256_loadu_si256((const __m256i *)(rec + 16 + 32 * j));
                 const __m256i wabs = _mm256_sign_epi8(wq, wq);
                 for (int r = 0; r < R; r++) {
-                    __m256 dot = _mm256_cvtepi32_ps(dot_u8s8(wabs, _mm256_sign_epi8(xv[r], wq)));
-                    acc[r][c] = _mm256_fmadd_ps(dot, _mm256_set1_ps(dw * xd[r * nb + b]), acc[r][c]);
-                }
-            }
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) y[r * ldy + c] = hsum(acc[r][c]) + offset[r][c];
+                    const __m256i xs_signed = _mm256_sign_epi8(bcast4(xq + r * K + b * QK + 4 * j), wq);
+#if defined(DOT_ACC)
+                    isum[r] = DOT_ACC(isum[r], wabs, xs_signed);
 #else
-    for (int r = 0; r < R; r++) {
-        const int8_t *xr = xq + r * K;
-        for (int c = 0; c < C; c++) {
-            float acc = 0.0f, offset = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = w + c * row_bytes + b * bb;
-                float dw = ember_f16_to_f32(ember_load_u16(blk));
-                int sum = 0;
-                if (wtype == WTYPE_Q4_1) {
-                    const uint8_t *qs = blk + 4;
-                    for (int i = 0; i < QK / 2; i++)
-                        sum += (qs[i] & 0x0f) * xr[b * QK + i] + (qs[i] >> 4) * xr[b * QK + i + QK / 2];
-                    offset += ember_f16_to_f32(ember_load_u16(blk + 2)) * xs[r * nb + b];
-                } else {
-                    const int8_t *qs = (const int8_t *)(blk + 2);
-                    for (int i = 0; i < QK; i++) sum += qs[i] * xr[b * QK + i];
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(wabs, xs_signed), _mm256_set1_epi16(1)));
+#endif
                 }
-                acc += (float)sum * (dw * xd[r * nb + b]);
             }
-            y[r * ldy + c] = acc + offset;
+            for (int r = 0; r < R; r++) {
+                const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * nb + b]));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), scale, acc[r]);
+            }
         }
     }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r], acc[r]);
+}
+#else
+static inline void group_tile(const uint8_t *g, int32_t wtype, int64_t nb, const int8_t *xq,
+                              int64_t K, const float *xd, const float *xs, const int R,
+                              float out[MR][ROWS]) {
+    const int64_t rb = RECORD_BYTES[wtype];
+    for (int r = 0; r < R; r++)
+        for (int n = 0; n < ROWS; n++) out[r][n] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *rec = g + b * rb;
+        for (int r = 0; r < R; r++) {
+            const int8_t *xb = xq + r * K + b * QK;
+            for (int n = 0; n < ROWS; n++) {
+                int sum = 0;
+                const float dw = ember_f16_to_f32(ember_load_u16(rec + 2 * n));
+                if (wtype == WTYPE_Q4_1) {
+                    for (int c = 0; c < 4; c++)
+                        for (int i = 0; i < 4; i++) {
+                            const uint8_t v = rec[32 + 32 * c + 4 * n + i];
+                            sum += (v & 0x0f) * xb[8 * c + i] + (v >> 4) * xb[8 * c + 4 + i];
+                        }
+                    const float mw = ember_f16_to_f32(ember_load_u16(rec + 16 + 2 * n));
+                    out[r][n] += (float)sum * (dw * xd[r * nb + b]);
+                    out[r][n] += mw * xs[r * nb + b];
+                } else {
+                    for (int j = 0; j < 8; j++)
+                        for (int i = 0; i < 4; i++)
+                            sum += (int8_t)rec[16 + 32 * j + 4 * n + i] * xb[4 * j + i];
+                    out[r][n] += (float)sum * (dw * xd[r * nb + b]);
+                }
+            }
+        }
+    }
+}
 #endif
+
+static void store_tile(float out[MR][ROWS], int R, int64_t n0, int64_t N, float *y, int64_t ldy) {
+    const int64_t count = N - n0 < ROWS ? N - n0 : ROWS;
+    for (int r = 0; r < R; r++) memcpy(y + r * ldy + n0, out[r], sizeof(float) * (size_t)count);
 }
 
-/* Weight rows [n0, n1) against all M rows of x, in tiles of MR x NR (narrower at the edges). */
-static void rows_against_x(const uint8_t *w, int64_t row_bytes, int32_t wtype, int64_t nb,
-                           const int8_t *xq, int64_t M, int64_t K, const float *xd, const float *xs,
-                           int64_t n0, int64_t n1, float *y, int64_t ldy) {
-#define TILE(R, C) tile(w + n * row_bytes, row_bytes, wtype, nb, xq + m * K, K, xd + m * nb, \
-                        xs + m * nb, R, C, y + m * ldy + n, ldy)
-    int64_t m = 0;
-    for (; m + MR <= M; m += MR) {
-        int64_t n = n0;
-        for (; n + 2 <= n1; n += 2) TILE(MR, 2);
-        for (; n < n1; n++) TILE(MR, 1);
-    }
-    const int64_t rest = M - m;   /* 0-3 rows left: more weight rows at once keep chains in flight */
-    int64_t n = n0;
-    if (rest == 1) {
-        for (; n + NR <= n1; n += NR) TILE(1, NR);
-        for (; n < n1; n++) TILE(1, 1);
-    } else if (rest == 2) {
-        for (; n + NR <= n1; n += NR) TILE(2, NR);
-        for (; n < n1; n++) TILE(2, 1);
-    } else if (rest == 3) {
-        for (; n + 2 <= n1; n += 2) TILE(3, 2);
-        for (; n < n1; n++) TILE(3, 1);
-    }
+/* Groups [g0, g1) of 8 weight rows against rows [m0, m1) of x. */
+static void groups_against_x(const uint8_t *w, int32_t wtype, int64_t nb, const int8_t *xq,
+                             int64_t K, const float *xd, const float *xs, int64_t m0, int64_t m1,
+                             int64_t g0, int64_t g1, int64_t N, float *y, int64_t ldy) {
+    const int64_t group_bytes = nb * RECORD_BYTES[wtype];
+    float out[MR][ROWS];
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *gw = w + g * group_bytes;
+        int64_t m = m0;
+#define TILE(R) do { group_tile(gw, wtype, nb, xq + m * K, K, xd + m * nb, xs + m * nb, R, out); \
+                     store_tile(out, R, g * ROWS, N, y + m * ldy, ldy); } while (0)
+        for (; m + MR <= m1; m += MR) TILE(MR);
+        switch (m1 - m) {
+            case 3: TILE(3); break;
+            case 2: TILE(2); break;
+            case 1: TILE(1); break;
+            default: break;
+        }
 #undef TILE
+    }
 }
 
-/* Returns 0, or -1 for a bad argument (K not a multiple of 32, unknown type), -2 out of memory. */
+/* w: packed as above, ceil(N / 8) groups. Returns 0, -1 for a bad argument, -2 out of memory. */
 EMBER_EXPORT int ember_matmul_q(const float *x, int64_t M, int64_t K, int64_t ldx,
                                 const uint8_t *w, int64_t N, int32_t wtype, float *y, int64_t ldy) {
     if (K % QK != 0 || (wtype != WTYPE_Q8_0 && wtype != WTYPE_Q4_1) || M < 0 || N < 0) return -1;
     if (M == 0 || N == 0) return 0;
-    const int64_t nb = K / QK, row_bytes = nb * BLOCK_BYTES[wtype];
+    const int64_t nb = K / QK, groups = (N + ROWS - 1) / ROWS;
     int8_t *xq = (int8_t *)malloc((size_t)(M * K + 64));
     float *xd = (float *)malloc(sizeof(float) * (size_t)(M * nb) * 2);
     if (!xq || !xd) { free(xq); free(xd); return -2; }
     float *xs = xd + M * nb;
     ember_quantize_q8(x, M, K, ldx, xq, xd, xs);
-    const int64_t n_tiles = (N + N_TILE - 1) / N_TILE;
+    const int64_t tasks = (groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK;
+    for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK) {
+        const int64_t m1 = m0 + M_CHUNK < M ? m0 + M_CHUNK : M;
 #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < n_tiles; t++) {
-        const int64_t n_end = (t + 1) * N_TILE < N ? (t + 1) * N_TILE : N;
-        rows_against_x(w, row_bytes, wtype, nb, xq, M, K, xd, xs, t * N_TILE, n_end, y, ldy);
+        for (int64_t t = 0; t < tasks; t++) {
+            const int64_t g1 = (t + 1) * GROUPS_PER_TASK < groups ? (t + 1) * GROUPS_PER_TASK : groups;
+            groups_against_x(w, wtype, nb, xq, K, xd, xs, m0, m1, t * GROUPS_PER_TASK, g1, N, y, ldy);
+        }
     }
     free(xq);
     free(xd);

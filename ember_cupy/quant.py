@@ -1,9 +1,10 @@
 """Quantized weight tensors in GGUF block formats, and the conversions between them.
 
 A `QuantizedTensor` is a matrix [rows, cols] stored row by row as GGUF blocks of 32 columns
-(`data`: uint8 [rows, row_bytes]), exactly as a GGUF file holds it. The host kernels read
-Q8_0 and Q4_1 directly; Q4_0 is repacked as Q4_1 (w = d*q - 8d is w = d*q + m with m = -8d,
-exact in f16); every other GGUF type is requantized to Q8_0 from its dequantized values.
+(`data`: uint8 [rows, row_bytes]), exactly as a GGUF file holds it. The host kernels read a
+`PackedWeight`: Q8_0 or Q4_1 blocks with 8 rows interleaved (layout in cpu/matmul_q.c), the same
+bytes per weight. Q4_0 becomes Q4_1 (w = d*q - 8d is w = d*q + m with m = -8d, exact in f16);
+every other GGUF type is requantized to Q8_0 from its dequantized values.
 """
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 BLOCK = 32
-# formats the kernels compute on: block bytes, and the kernel's type code (cpu/matmul_q.c)
-KERNEL_FORMATS = {"Q8_0": (34, 0), "Q4_1": (20, 1)}
+ROWS_PER_GROUP = 8
+# formats the kernels compute on: the kernel's type code (cpu/matmul_q.c)
+KERNEL_FORMATS = {"Q8_0": 0, "Q4_1": 1}
 
 
 @dataclass(frozen=True)
@@ -69,13 +71,78 @@ def q4_0_as_q4_1(tensor: QuantizedTensor) -> QuantizedTensor:
     return QuantizedTensor("Q4_1", out.reshape(rows, -1), tensor.shape)
 
 
-def to_kernel_format(tensor: QuantizedTensor) -> QuantizedTensor:
-    """The tensor in a format the kernels read: as is, repacked (Q4_0), or requantized to Q8_0."""
-    if tensor.qtype in KERNEL_FORMATS:
-        return tensor
-    if tensor.qtype == "Q4_0":
-        return q4_0_as_q4_1(tensor)
-    return quantize_q8_0(tensor.dequantize())
+@dataclass(frozen=True)
+class PackedWeight:
+    """A Q8_0 or Q4_1 matrix [rows, cols] repacked for the host kernels: per group of 8 rows and
+    block of 32 columns, the 8 f16 scales (and offsets), then the values interleaved so that a
+    32-byte load holds 4 columns of all 8 rows. Rows are padded to a multiple of 8."""
+    qtype: str                  # "Q8_0" or "Q4_1"
+    data: np.ndarray            # uint8 [groups, blocks * record bytes]
+    shape: tuple[int, int]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    @property
+    def kernel_type(self) -> int:
+        return KERNEL_FORMATS[self.qtype]
+
+    def to_gguf(self) -> QuantizedTensor:
+        return QuantizedTensor(self.qtype, _unpack(self), self.shape)
+
+    def dequantize(self, rows=None) -> np.ndarray:
+        return self.to_gguf().dequantize(rows)
+
+
+def pack(tensor: QuantizedTensor) -> PackedWeight:
+    """GGUF Q8_0 / Q4_1 rows -> the interleaved layout of cpu/matmul_q.c."""
+    rows, cols = tensor.shape
+    groups, nb = -(-rows // ROWS_PER_GROUP), cols // BLOCK
+    block_bytes = {"Q8_0": 34, "Q4_1": 20}[tensor.qtype]
+    blocks = np.zeros((groups * ROWS_PER_GROUP, nb, block_bytes), np.uint8)
+    blocks[:rows] = tensor.data.reshape(rows, nb, block_bytes)
+    blocks = blocks.reshape(groups, ROWS_PER_GROUP, nb, block_bytes).transpose(0, 2, 1, 3)  # [G, nb, 8, B]
+    scales = [blocks[..., :2].reshape(groups, nb, 16)]
+    if tensor.qtype == "Q4_1":
+        scales.append(blocks[..., 2:4].reshape(groups, nb, 16))
+        nibbles = blocks[..., 4:]
+        values = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)          # [G, nb, 8, 32]
+        # [G, nb, r, c, half, i] -> chunk c, byte 4r+i: low nibble half 0, high nibble half 1
+        values = values.reshape(groups, nb, 8, 4, 2, 4).transpose(0, 1, 3, 4, 2, 5)
+        packed = (values[..., 0, :, :] | (values[..., 1, :, :] << 4)).reshape(groups, nb, 128)
+    else:
+        values = blocks[..., 2:].reshape(groups, nb, 8, 8, 4).transpose(0, 1, 3, 2, 4)  # [G,nb,j,r,i]
+        packed = values.reshape(groups, nb, 256)
+    data = np.concatenate([*scales, packed], axis=-1).reshape(groups, -1)
+    return PackedWeight(tensor.qtype, np.ascontiguousarray(data), tensor.shape)
+
+
+def _unpack(weight: PackedWeight) -> np.ndarray:
+    rows, cols = weight.shape
+    groups, nb = weight.data.shape[0], cols // BLOCK
+    if weight.qtype == "Q4_1":
+        record = weight.data.reshape(groups, nb, 160)
+        d, m = record[..., :16], record[..., 16:32]
+        chunks = record[..., 32:].reshape(groups, nb, 4, 8, 4)                      # [G, nb, c, r, i]
+        values = np.stack([chunks & 0x0F, chunks >> 4], axis=3)                    # [G, nb, c, half, r, i]
+        values = values.transpose(0, 1, 4, 2, 3, 5).reshape(groups, nb, 8, 32)     # [G, nb, r, k]
+        nibbles = values[..., :16] | (values[..., 16:] << 4)
+        blocks = np.concatenate([d.reshape(groups, nb, 8, 2), m.reshape(groups, nb, 8, 2), nibbles], -1)
+    else:
+        record = weight.data.reshape(groups, nb, 272)
+        d = record[..., :16].reshape(groups, nb, 8, 2)
+        values = record[..., 16:].reshape(groups, nb, 8, 8, 4).transpose(0, 1, 3, 2, 4)  # [G,nb,r,j,i]
+        blocks = np.concatenate([d, values.reshape(groups, nb, 8, 32)], -1)
+    blocks = blocks.transpose(0, 2, 1, 3).reshape(groups * 8, -1)
+    return np.ascontiguousarray(blocks[:rows])
+
+
+def to_kernel_format(tensor: QuantizedTensor) -> PackedWeight:
+    """The tensor as the kernels read it: packed as is, repacked (Q4_0), or requantized to Q8_0."""
+    if tensor.qtype not in KERNEL_FORMATS:
+        tensor = q4_0_as_q4_1(tensor) if tensor.qtype == "Q4_0" else quantize_q8_0(tensor.dequantize())
+    return pack(tensor)
 
 
 def concat_rows(parts: list[QuantizedTensor]) -> QuantizedTensor:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ember_cupy.quant import QuantizedTensor, quantize_q8_0, to_kernel_format
+from ember_cupy.quant import PackedWeight, QuantizedTensor, quantize_q8_0, to_kernel_format
 
 
-def _quantized(tensor: QuantizedTensor, quantization: str) -> QuantizedTensor:
+def _quantized(tensor: QuantizedTensor, quantization: str) -> PackedWeight:
     if quantization == "q8_0" and tensor.qtype != "Q8_0":
-        return quantize_q8_0(tensor.dequantize())
+        tensor = quantize_q8_0(tensor.dequantize())
     return to_kernel_format(tensor)
 
 
@@ -28,7 +28,7 @@ def linear_weight(weight, quantization: str, put):
             return put(weight.dequantize().T)
         return _quantized(weight, quantization)
     if quantization == "q8_0":
-        return quantize_q8_0(np.asarray(weight).T)
+        return to_kernel_format(quantize_q8_0(np.asarray(weight).T))
     return put(weight)
 
 
@@ -39,12 +39,12 @@ def vocab_matrix(weight, quantization: str, put):
             return put(weight.dequantize())
         return _quantized(weight, quantization)
     if quantization == "q8_0":
-        return quantize_q8_0(weight)
+        return to_kernel_format(quantize_q8_0(weight))
     return put(weight)
 
 
 def is_quantized(weight) -> bool:
-    return isinstance(weight, QuantizedTensor)
+    return isinstance(weight, PackedWeight)
 
 
 def nbytes(weight) -> int:

@@ -10,24 +10,24 @@ from __future__ import annotations
 import numpy as np
 
 from ember_cupy.ops import _host
-from ember_cupy.quant import KERNEL_FORMATS, QuantizedTensor, fake_quantize_activations
+from ember_cupy.quant import PackedWeight, QuantizedTensor, fake_quantize_activations
 
 
 def linear(x, weight):
     """x [T, in] -> [T, out]."""
-    if isinstance(weight, QuantizedTensor):
+    if isinstance(weight, PackedWeight):
         return matmul_q(x, weight)
     return x @ weight
 
 
 def embedding(table, ids):
-    """Rows `ids` of an embedding table (float, or QuantizedTensor dequantized row by row)."""
-    if isinstance(table, QuantizedTensor):
+    """Rows `ids` of an embedding table (float, or quantized and dequantized row by row)."""
+    if isinstance(table, (QuantizedTensor, PackedWeight)):
         return table.dequantize(np.asarray(ids))
     return table[ids]
 
 
-def matmul_q(x: np.ndarray, weight: QuantizedTensor, library=None) -> np.ndarray:
+def matmul_q(x: np.ndarray, weight: PackedWeight, library=None) -> np.ndarray:
     """x [M, K] float32 @ weight[N, K]^T -> [M, N] float32; host kernel when one is active."""
     library = library or _host.active()
     if library is None:
@@ -39,21 +39,21 @@ def matmul_q(x: np.ndarray, weight: QuantizedTensor, library=None) -> np.ndarray
     out = np.empty((x.shape[0], rows), dtype=np.float32)
     status = library.lib.ember_matmul_q(
         x.ctypes.data, x.shape[0], cols, x.strides[0] // 4, weight.data.ctypes.data, rows,
-        KERNEL_FORMATS[weight.qtype][1], out.ctypes.data, rows)
+        weight.kernel_type, out.ctypes.data, rows)
     if status:
         raise RuntimeError(f"ember_matmul_q failed with status {status}")
     return out
 
 
-def matmul_q_numpy(x: np.ndarray, weight: QuantizedTensor) -> np.ndarray:
+def matmul_q_numpy(x: np.ndarray, weight: PackedWeight) -> np.ndarray:
     """The NumPy twin of the host kernel: the int8 activation blocks, and W as its blocks say."""
     _check(x, weight)
     return fake_quantize_activations(np.asarray(x, dtype=np.float32)) @ weight.dequantize().T
 
 
-def _check(x, weight: QuantizedTensor) -> None:
-    if weight.qtype not in KERNEL_FORMATS:
-        raise ValueError(f"matmul_q: no kernel for {weight.qtype} (convert with quant.to_kernel_format)")
+def _check(x, weight: PackedWeight) -> None:
+    if not isinstance(weight, PackedWeight):
+        raise ValueError(f"matmul_q needs a PackedWeight (quant.to_kernel_format), got {type(weight).__name__}")
     if x.ndim != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"matmul_q: x {x.shape} does not match weight {weight.shape}")
     if not weight.data.flags.c_contiguous:
