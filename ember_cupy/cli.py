@@ -67,7 +67,7 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     _add(g, "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
          help="reuse the KV of shared prompt prefixes")
     _add(g, "--policy", choices=POLICIES, default="fcfs", help="waiting-queue order")
-    _add(g, "--max-waiting", type=int, default=None, help="bound on queued requests; past it: 503 + Retry-After")
+    _add(g, "--max-waiting", type=int, default=None, help="bound on requests waiting for a free sequence slot (beyond --max-num-seqs); past it: 503 + Retry-After")
     _add(g, "--dtype", choices=DTYPES, default="auto",
          help="weights / KV dtype (auto: float32 on the CPU, float16 on CUDA; float16 is refused on the "
               "CPU, which has no BLAS for it)")

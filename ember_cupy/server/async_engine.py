@@ -102,7 +102,8 @@ class AsyncEngine:
         self._ops: deque = deque()
         self._streams: dict[str, RequestStream] = {}
         self._trackers: dict[str, _Tracker] = {}
-        self._num_waiting = 0
+        self._num_waiting = 0    # snapshots of the scheduler's queues, taken between steps
+        self._num_running = 0
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ember-step")
@@ -171,12 +172,20 @@ class AsyncEngine:
         if self.state is not EngineState.READY:
             raise EngineNotReadyError(f"the engine is {self.state.value}")
         if self.max_waiting is not None:
-            pending = sum(1 for op in self._ops if op[0] == "add")
-            if self._num_waiting + pending >= self.max_waiting:
+            waiting = self._num_really_waiting()
+            if waiting >= self.max_waiting:
                 if self.metrics:
                     self.metrics.requests_rejected.inc()
-                raise EngineOverloadedError(f"the server is overloaded: {self._num_waiting + pending} "
-                                            f"requests are waiting (max_waiting={self.max_waiting})")
+                raise EngineOverloadedError(f"the server is overloaded: {waiting} requests are waiting "
+                                            f"for a free sequence slot (max_waiting={self.max_waiting})")
+
+    def _num_really_waiting(self) -> int:
+        """Queued requests (in the scheduler or about to be added) beyond the free sequence slots:
+        those the next step cannot start. A burst into an idle server waits for nothing."""
+        queued = self._num_waiting + sum(1 for op in self._ops if op[0] == "add")
+        max_num_seqs = getattr(getattr(self.engine, "config", None), "max_num_seqs", None)
+        free = max(0, max_num_seqs - self._num_running) if max_num_seqs else 0
+        return max(0, queued - free)
 
     async def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, *,
                           request_id: str | None = None, priority: int = 0,
@@ -326,6 +335,7 @@ class AsyncEngine:
         if engine is None:
             return
         self._num_waiting = engine.num_waiting
+        self._num_running = engine.num_running
         if self.metrics:
             self.metrics.update_engine_state(engine)
             self.metrics.engine_ready.set(1 if self.state is EngineState.READY else 0)
