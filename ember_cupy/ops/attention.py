@@ -1,15 +1,23 @@
-"""Paged causal attention over a flattened varlen batch (NumPy twin of cuda/attention.cu).
+"""Paged causal attention over a flattened varlen batch (NumPy twin of cuda/attention.cu and
+of the host kernel cpu/attention.c).
 
 Sequence s owns queries q[query_start_loc[s]:query_start_loc[s+1]], the last q_len tokens of
 its context of context_lens[s] tokens; query i sits at position context_len - q_len + i and
 attends keys 0..position. K/V are read only through block_tables[s] (padded rows may hold any
-block id; entries past the context are masked).
+block id; entries past the context are masked). Caches may hold float32 or float16 (a 16-bit
+KV cache); scores, softmax and the output are computed in float32.
+
+Dispatch: CuPy arrays (or an installed kernel provider) -> cuda/attention.cu; NumPy arrays with
+host kernels active -> cpu/attention.c (float32 queries, float32/float16 contiguous caches);
+otherwise the NumPy twin `paged_attention_numpy`.
 """
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
-from ember_cupy.ops import _cuda
+from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops._kernel import (
     array_module,
     contiguous,
@@ -36,6 +44,73 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     if _cuda.wants_kernel(q):
         return _paged_attention_kernel(q, k_cache, v_cache, block_tables, context_lens,
                                        query_start_loc, scale)
+    library = _host.active()
+    if library is not None and _host_kernel_applies(q, k_cache, v_cache):
+        return paged_attention_host(q, k_cache, v_cache, block_tables, context_lens,
+                                    query_start_loc, scale, library)
+    return paged_attention_numpy(q, k_cache, v_cache, block_tables, context_lens,
+                                 query_start_loc, scale)
+
+
+# ---- host kernel (cpu/attention.c) -----------------------------------------------------------
+_HOST_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,   # out, q, strides
+                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64,    # caches, f16, blocks
+                  ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,      # bs, Hq, Hk, D
+                  ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,                     # tables
+                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_float]    # lens, qsl, S, scale
+_host.register_signature("ember_paged_attention", _HOST_ARGTYPES, ctypes.c_int)
+_HOST_CACHE_DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
+_HOST_ERRORS = {1: "bad shape", 2: "bad query_start_loc / context_lens", 3: "a block id out of range",
+                4: "out of memory"}
+
+
+def _host_kernel_applies(q, k_cache, v_cache) -> bool:
+    return (q.dtype == np.float32 and q.ndim == 3 and q.strides[-1] == 4
+            and q.strides[0] % 4 == 0 and q.strides[1] % 4 == 0
+            and k_cache.dtype in _HOST_CACHE_DTYPES and v_cache.dtype == k_cache.dtype
+            and k_cache.shape == v_cache.shape and k_cache.ndim == 4
+            and k_cache.flags.c_contiguous and v_cache.flags.c_contiguous)
+
+
+def paged_attention_host(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
+                         library=None) -> np.ndarray:
+    """The host kernel: K/V read in place through the block tables, fp32 online softmax."""
+    library = library or _host.active()
+    if not _host_kernel_applies(q, k_cache, v_cache):
+        raise ValueError("paged_attention_host: float32 q with a contiguous last axis and "
+                         "contiguous float32/float16 caches of one shape")
+    num_tokens, num_heads, head_dim = q.shape
+    num_blocks, block_size, num_kv_heads, cache_dim = k_cache.shape
+    if cache_dim != head_dim or num_heads % num_kv_heads:
+        raise ValueError(f"paged_attention_host: q {q.shape} does not match caches {k_cache.shape}")
+    out = np.empty((num_tokens, num_heads, head_dim), dtype=np.float32)
+    tables = np.ascontiguousarray(block_tables, dtype=np.int32)
+    lens = np.ascontiguousarray(context_lens, dtype=np.int32)
+    starts = np.ascontiguousarray(query_start_loc, dtype=np.int32)
+    if tables.ndim != 2 or len(starts) != len(lens) + 1 or len(tables) < len(lens):
+        raise ValueError("paged_attention_host: query_start_loc must have num_seqs + 1 entries "
+                         "and block_tables a row per sequence")
+    if not num_tokens:
+        return out
+    function = library.lib.ember_paged_attention
+    if function.argtypes is None:   # a library loaded before this module registered the signature
+        function.argtypes, function.restype = _HOST_ARGTYPES, ctypes.c_int
+    status = function(
+        out.ctypes.data, q.ctypes.data, q.strides[0] // 4, q.strides[1] // 4,
+        k_cache.ctypes.data, v_cache.ctypes.data, _HOST_CACHE_DTYPES[k_cache.dtype], num_blocks,
+        block_size, num_heads, num_kv_heads, head_dim,
+        tables.ctypes.data, tables.shape[1], tables.shape[1],
+        lens.ctypes.data, starts.ctypes.data, len(lens), float(scale))
+    if status:
+        raise ValueError(f"ember_paged_attention failed: {_HOST_ERRORS.get(status, status)}")
+    return out
+
+
+# ---- NumPy twin --------------------------------------------------------------------------------
+def paged_attention_numpy(q, k_cache, v_cache, block_tables, context_lens, query_start_loc,
+                          scale) -> np.ndarray:
+    """The reference: K/V pages gathered (cast to float32), dense softmax per decode group /
+    prefill tile."""
     out = np.empty_like(q)
     query_lens = np.diff(query_start_loc)
     decodes = np.flatnonzero(query_lens == 1)
@@ -71,6 +146,8 @@ def _gather_pages(cache: np.ndarray, block_ids: np.ndarray, length: int | None =
     """[..., blocks] ids -> [..., length, Hk, D] rows of the sequence(s); all the blocks' rows
     (a contiguous array) when length is None."""
     pages = cache[block_ids]                      # [..., nb, bs, Hk, D]
+    if pages.dtype != np.float32:                 # 16-bit caches: compute in float32
+        pages = pages.astype(np.float32)
     flat = pages.reshape(*pages.shape[:-4], -1, *pages.shape[-2:])
     return flat if length is None else flat[..., :length, :, :]
 

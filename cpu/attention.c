@@ -1,0 +1,414 @@
+/* Paged causal attention over a flattened varlen batch: the host twin of cuda/attention.cu.
+ * NumPy twin and semantics: ember_cupy/ops/attention.py.
+ *
+ * Sequence s owns queries q[qsl[s]:qsl[s+1]], the last q_len tokens of its context of ctx[s]
+ * tokens; query i sits at position ctx - q_len + i and attends keys 0..position. K/V rows are
+ * read in place from the pages [num_blocks, block_size, Hk, D] through the block table (no
+ * gather copy); caches hold float32 or float16 (converted to fp32 a chunk of keys at a time).
+ *
+ * Work items: (sequence, KV head, query tile of QUERY_TILE queries, key range). One item scores
+ * all G query heads of its KV head (x its queries) against each K row and accumulates each V row
+ * for all of them, so K/V are read once per KV head and tile. Keys are streamed in chunks of
+ * KEY_CHUNK with an online softmax in fp32 (running max, sum and unnormalised output per row).
+ * A sequence with a single query tile (decodes, short chunks) is further split into key ranges
+ * of KEY_SPLIT keys whose partial results are merged in a fixed order, so that a lone decode
+ * sequence still gives every thread work.
+ *
+ * Batch invariance: tiles and key ranges are cut from the sequence's own q_len and context
+ * length only, and every output element is computed in the same order whatever else is in the
+ * batch or whichever thread runs it.
+ */
+#include "common.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#define KEY_CHUNK 32      /* keys scored together: one softmax rescale per row and chunk */
+#define QUERY_TILE 16     /* queries per work item of a multi-tile (prefill) sequence */
+#define KEY_SPLIT 256     /* keys per work item of a single-tile sequence */
+
+enum { ATTN_OK = 0, ATTN_BAD_SHAPE = 1, ATTN_BAD_LENGTHS = 2, ATTN_BAD_BLOCK = 3, ATTN_NO_MEMORY = 4 };
+
+typedef struct {
+    const float *q;
+    int64_t q_stride_t, q_stride_h;          /* elements */
+    const void *k_cache, *v_cache;
+    int f16;
+    int32_t block_size, num_heads, num_kv_heads, head_dim, group;
+    const int32_t *tables;
+    int64_t table_stride;
+    const int32_t *context_lens, *query_start_loc;
+    float scale;
+    float *out;                              /* [T, Hq, D] contiguous */
+} Problem;
+
+typedef struct {
+    int32_t seq, head, q0, nq, nparts;
+    int64_t ws;                              /* offset of its partial results (nparts > 1) */
+} Task;
+
+typedef struct {
+    int32_t task, part, k0, k1;
+    int64_t cost;
+} Item;
+
+typedef struct {
+    float *qs, *acc, *m, *l, *s, *kbuf, *vbuf;
+} Scratch;
+
+/* ---- vector helpers ------------------------------------------------------------------- */
+#if defined(__AVX2__) && defined(__FMA__)
+#define ATTN_AVX2 1
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float hmax256(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* exp(x) for x <= 0 (Cephes expf, ~1 ulp); x below -88.37 (and -inf) gives exactly 0. */
+static inline __m256 exp256(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-88.3762626647949f);
+    const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), lo);
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    const __m256 z = _mm256_mul_ps(x, x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    const __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(n)), keep);
+}
+
+/* Scores of one query row against 8 keys: [q.k0, ..., q.k7]. D is a multiple of 8. */
+static inline __m256 dot8(const float *q, const float *const *k, int D) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (int d = 0; d < D; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[0] + d), a0);
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[1] + d), a1);
+        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[2] + d), a2);
+        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[3] + d), a3);
+        a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[4] + d), a4);
+        a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[5] + d), a5);
+        a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[6] + d), a6);
+        a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[7] + d), a7);
+    }
+    const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+}
+
+static inline float dot1(const float *q, const float *k, int D) {
+    __m256 a = _mm256_setzero_ps();
+    for (int d = 0; d < D; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a);
+    return hsum256(a);
+}
+
+/* acc[0, 8*nv) = acc * alpha (when rescale) + sum_c p[c] * v[c][d0 + ...]; nv a constant. */
+static inline __attribute__((always_inline)) void pv_block(
+        float *acc, const float *p, const float *const *v, int n, int d0, float alpha, int rescale,
+        const int nv) {
+    __m256 a[8];
+    for (int i = 0; i < nv; i++) a[i] = _mm256_loadu_ps(acc + 8 * i);
+    if (rescale) {
+        const __m256 al = _mm256_set1_ps(alpha);
+        for (int i = 0; i < nv; i++) a[i] = _mm256_mul_ps(a[i], al);
+    }
+    for (int c = 0; c < n; c++) {
+        const __m256 pc = _mm256_set1_ps(p[c]);
+        const float *vc = v[c] + d0;
+        for (int i = 0; i < nv; i++) a[i] = _mm256_fmadd_ps(pc, _mm256_loadu_ps(vc + 8 * i), a[i]);
+    }
+    for (int i = 0; i < nv; i++) _mm256_storeu_ps(acc + 8 * i, a[i]);
+}
+
+/* One row's online-softmax update with the first `n` keys of a chunk (D a multiple of 8). */
+static void row_chunk_avx2(const float *q, float *acc, float *m, float *l, const float *const *k,
+                           const float *const *v, int n, int D, float *s) {
+    int c = 0;
+    for (; c + 8 <= n; c += 8) _mm256_storeu_ps(s + c, dot8(q, k + c, D));
+    for (; c < n; c++) s[c] = dot1(q, k[c], D);
+    const int padded = (n + 7) & ~7;
+    for (; c < padded; c++) s[c] = -INFINITY;
+    __m256 mx = _mm256_loadu_ps(s);
+    for (c = 8; c < padded; c += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + c));
+    const float chunk_max = hmax256(mx), m_old = *m;
+    const float m_new = chunk_max > m_old ? chunk_max : m_old;
+    const __m256 mv = _mm256_set1_ps(m_new);
+    __m256 sum = _mm256_setzero_ps();
+    for (c = 0; c < padded; c += 8) {
+        const __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + c), mv));
+        _mm256_storeu_ps(s + c, p);
+        sum = _mm256_add_ps(sum, p);
+    }
+    const int rescale = m_new != m_old;
+    const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+    *l = (rescale ? *l * alpha : *l) + hsum256(sum);
+    *m = m_new;
+    int d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) pv_block(acc + d0, s, v, n, d0, alpha, rescale, 8);
+    for (; d0 < D; d0 += 8) pv_block(acc + d0, s, v, n, d0, alpha, rescale, 1);
+}
+#endif
+
+/* ---- portable path (any compiler; also head_dim not a multiple of 8) ------------------- */
+static inline float dot_scalar(const float *q, const float *k, int D) {
+    float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int d = 0;
+    for (; d + 8 <= D; d += 8)
+        for (int j = 0; j < 8; j++) p[j] += q[d + j] * k[d + j];
+    float sum = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+    for (; d < D; d++) sum += q[d] * k[d];
+    return sum;
+}
+
+static void row_chunk_scalar(const float *q, float *acc, float *m, float *l, const float *const *k,
+                             const float *const *v, int n, int D, float *s) {
+    float chunk_max = -INFINITY;
+    for (int c = 0; c < n; c++) {
+        s[c] = dot_scalar(q, k[c], D);
+        chunk_max = s[c] > chunk_max ? s[c] : chunk_max;
+    }
+    const float m_old = *m, m_new = chunk_max > m_old ? chunk_max : m_old;
+    float sum = 0.0f;
+    for (int c = 0; c < n; c++) {
+        s[c] = expf(s[c] - m_new);
+        sum += s[c];
+    }
+    if (m_new != m_old) {
+        const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+        *l *= alpha;
+        for (int d = 0; d < D; d++) acc[d] *= alpha;
+    }
+    *l += sum;
+    *m = m_new;
+    for (int c = 0; c < n; c++) {
+        const float p = s[c], *vc = v[c];
+        for (int d = 0; d < D; d++) acc[d] += p * vc[d];
+    }
+}
+
+static void to_f32(float *dst, const uint16_t *src, int D) {
+    int d = 0;
+#if defined(__F16C__) && defined(__AVX2__)
+    for (; d + 8 <= D; d += 8)
+        _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + d))));
+#endif
+    for (; d < D; d++) dst[d] = ember_f16_to_f32(src[d]);
+}
+
+/* ---- one work item ---------------------------------------------------------------------- */
+static void run_item(const Problem *P, const Task *t, const Item *it, Scratch *sc, float *ws) {
+    const int G = P->group, D = P->head_dim, Hk = P->num_kv_heads, bs = P->block_size;
+    const int R = t->nq * G, seq = t->seq, head = t->head;
+    const int32_t q_begin = P->query_start_loc[seq], q_len = P->query_start_loc[seq + 1] - q_begin;
+    const int32_t first = P->context_lens[seq] - q_len;     /* position of the sequence's query 0 */
+    const int32_t *table = P->tables + (int64_t)seq * P->table_stride;
+    for (int qi = 0; qi < t->nq; qi++)
+        for (int g = 0; g < G; g++) {
+            const float *src = P->q + (int64_t)(q_begin + t->q0 + qi) * P->q_stride_t
+                               + (int64_t)(head * G + g) * P->q_stride_h;
+            float *dst = sc->qs + (int64_t)(qi * G + g) * D;
+            for (int d = 0; d < D; d++) dst[d] = src[d] * P->scale;
+        }
+    for (int r = 0; r < R; r++) { sc->m[r] = -INFINITY; sc->l[r] = 0.0f; }
+    memset(sc->acc, 0, sizeof(float) * (size_t)R * (size_t)D);
+#ifdef ATTN_AVX2
+    const int vector = D % 8 == 0;
+#endif
+    const float *krow[KEY_CHUNK], *vrow[KEY_CHUNK];
+    for (int32_t c0 = it->k0; c0 < it->k1; c0 += KEY_CHUNK) {
+        const int nk = it->k1 - c0 < KEY_CHUNK ? it->k1 - c0 : KEY_CHUNK;
+        for (int c = 0; c < nk; c++) {
+            const int32_t j = c0 + c;
+            const int64_t row = (((int64_t)table[j / bs] * bs + j % bs) * Hk + head) * D;
+            if (P->f16) {
+                to_f32(sc->kbuf + c * D, (const uint16_t *)P->k_cache + row, D);
+                to_f32(sc->vbuf + c * D, (const uint16_t *)P->v_cache + row, D);
+                krow[c] = sc->kbuf + c * D;
+                vrow[c] = sc->vbuf + c * D;
+            } else {
+                krow[c] = (const float *)P->k_cache + row;
+                vrow[c] = (const float *)P->v_cache + row;
+            }
+        }
+        for (int qi = 0; qi < t->nq; qi++) {
+            const int32_t visible = first + t->q0 + qi + 1 - c0;   /* keys of the chunk it sees */
+            if (visible <= 0) continue;
+            const int n = visible < nk ? visible : nk;
+            for (int g = 0; g < G; g++) {
+                const int r = qi * G + g;
+#ifdef ATTN_AVX2
+                if (vector) {
+                    row_chunk_avx2(sc->qs + (int64_t)r * D, sc->acc + (int64_t)r * D, sc->m + r, sc->l + r,
+                                   krow, vrow, n, D, sc->s);
+                    continue;
+                }
+#endif
+                row_chunk_scalar(sc->qs + (int64_t)r * D, sc->acc + (int64_t)r * D, sc->m + r, sc->l + r,
+                                 krow, vrow, n, D, sc->s);
+            }
+        }
+    }
+    if (t->nparts == 1) {   /* key 0 is in range: every row has l > 0 */
+        for (int qi = 0; qi < t->nq; qi++)
+            for (int g = 0; g < G; g++) {
+                const int r = qi * G + g;
+                float *dst = P->out + ((int64_t)(q_begin + t->q0 + qi) * P->num_heads + head * G + g) * D;
+                const float *a = sc->acc + (int64_t)r * D, l = sc->l[r];
+                for (int d = 0; d < D; d++) dst[d] = a[d] / l;
+            }
+        return;
+    }
+    float *part = ws + t->ws + (int64_t)it->part * R * (D + 2);
+    memcpy(part, sc->m, sizeof(float) * (size_t)R);
+    memcpy(part + R, sc->l, sizeof(float) * (size_t)R);
+    memcpy(part + 2 * R, sc->acc, sizeof(float) * (size_t)R * (size_t)D);
+}
+
+/* Partial results of a split task, merged in part order. */
+static void merge_task(const Problem *P, const Task *t, const float *ws) {
+    const int G = P->group, D = P->head_dim, R = t->nq * G;
+    const int64_t stride = (int64_t)R * (D + 2);
+    const float *base = ws + t->ws;
+    const int32_t q_begin = P->query_start_loc[t->seq];
+    for (int qi = 0; qi < t->nq; qi++)
+        for (int g = 0; g < G; g++) {
+            const int r = qi * G + g;
+            float m = -INFINITY, l = 0.0f;
+            for (int p = 0; p < t->nparts; p++) m = base[p * stride + r] > m ? base[p * stride + r] : m;
+            float *dst = P->out + ((int64_t)(q_begin + t->q0 + qi) * P->num_heads + t->head * G + g) * D;
+            memset(dst, 0, sizeof(float) * (size_t)D);
+            for (int p = 0; p < t->nparts; p++) {
+                const float *part = base + p * stride, mp = part[r];
+                if (mp == -INFINITY) continue;
+                const float w = expf(mp - m), *a = part + 2 * R + (int64_t)r * D;
+                l += part[R + r] * w;
+                for (int d = 0; d < D; d++) dst[d] += a[d] * w;
+            }
+            for (int d = 0; d < D; d++) dst[d] /= l;
+        }
+}
+
+static int by_cost_descending(const void *a, const void *b) {
+    const Item *x = a, *y = b;
+    if (x->cost != y->cost) return x->cost > y->cost ? -1 : 1;
+    return x->task != y->task ? (x->task < y->task ? -1 : 1) : (x->part < y->part ? -1 : x->part > y->part);
+}
+
+/* out [T, Hq, D] float32 (contiguous); q [T, Hq, D] float32 with strides (in elements)
+ * q_stride_t, q_stride_h and a contiguous last axis; caches [num_blocks, block_size, Hk, D]
+ * contiguous, float32 (cache_f16 = 0) or float16 (1); block_tables [num_seqs, max_blocks] int32
+ * with row stride table_stride; context_lens [num_seqs], query_start_loc [num_seqs + 1] int32.
+ * Returns 0, or: 1 bad shape, 2 bad lengths, 3 a block id out of range, 4 out of memory. */
+EMBER_EXPORT int ember_paged_attention(
+        float *out, const float *q, int64_t q_stride_t, int64_t q_stride_h,
+        const void *k_cache, const void *v_cache, int32_t cache_f16, int64_t num_blocks,
+        int32_t block_size, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
+        const int32_t *block_tables, int64_t table_stride, int32_t max_blocks,
+        const int32_t *context_lens, const int32_t *query_start_loc, int32_t num_seqs, float scale) {
+    if (num_heads <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads || head_dim <= 0 ||
+        block_size <= 0 || num_seqs < 0 || max_blocks < 0)
+        return ATTN_BAD_SHAPE;
+    const int G = num_heads / num_kv_heads, D = head_dim;
+    /* pass 1: validate, count tasks, items and partial-result floats */
+    int64_t num_tasks = 0, num_items = 0, ws_floats = 0;
+    for (int32_t s = 0; s < num_seqs; s++) {
+        const int32_t q_len = query_start_loc[s + 1] - query_start_loc[s], ctx = context_lens[s];
+        if (q_len < 0 || query_start_loc[s] < 0) return ATTN_BAD_LENGTHS;
+        if (q_len == 0) continue;
+        if (ctx < q_len || (int64_t)ctx > (int64_t)max_blocks * block_size) return ATTN_BAD_LENGTHS;
+        const int32_t *table = block_tables + (int64_t)s * table_stride;
+        for (int32_t b = 0; b < (ctx + block_size - 1) / block_size; b++)
+            if (table[b] < 0 || table[b] >= num_blocks) return ATTN_BAD_BLOCK;
+        const int32_t tiles = (q_len + QUERY_TILE - 1) / QUERY_TILE;
+        num_tasks += (int64_t)tiles * num_kv_heads;
+        if (tiles == 1) {
+            const int32_t parts = (ctx + KEY_SPLIT - 1) / KEY_SPLIT;
+            num_items += (int64_t)parts * num_kv_heads;
+            if (parts > 1) ws_floats += (int64_t)num_kv_heads * parts * q_len * G * (D + 2);
+        } else {
+            num_items += (int64_t)tiles * num_kv_heads;
+        }
+    }
+    if (!num_items) return ATTN_OK;
+    Task *tasks = malloc(sizeof(Task) * (size_t)num_tasks);
+    Item *items = malloc(sizeof(Item) * (size_t)num_items);
+    float *ws = ws_floats ? malloc(sizeof(float) * (size_t)ws_floats) : NULL;
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    if (threads > num_items) threads = (int)num_items;
+    const int64_t rows = (int64_t)QUERY_TILE * G;
+    const int64_t scratch_floats = 2 * rows * D + 2 * rows + (KEY_CHUNK + 8) + 2 * (int64_t)KEY_CHUNK * D;
+    float *scratch = malloc(sizeof(float) * (size_t)(scratch_floats * threads));
+    if (!tasks || !items || (ws_floats && !ws) || !scratch) {
+        free(tasks); free(items); free(ws); free(scratch);
+        return ATTN_NO_MEMORY;
+    }
+    /* pass 2: the tasks and items */
+    int64_t ti = 0, ii = 0, wo = 0;
+    for (int32_t s = 0; s < num_seqs; s++) {
+        const int32_t q_len = query_start_loc[s + 1] - query_start_loc[s], ctx = context_lens[s];
+        if (q_len == 0) continue;
+        const int32_t tiles = (q_len + QUERY_TILE - 1) / QUERY_TILE;
+        for (int32_t tile = 0; tile < tiles; tile++)
+            for (int32_t h = 0; h < num_kv_heads; h++) {
+                Task *t = &tasks[ti];
+                t->seq = s; t->head = h; t->q0 = tile * QUERY_TILE;
+                t->nq = q_len - t->q0 < QUERY_TILE ? q_len - t->q0 : QUERY_TILE;
+                const int32_t visible = ctx - q_len + t->q0 + t->nq;   /* keys up to its last query */
+                t->nparts = tiles == 1 ? (ctx + KEY_SPLIT - 1) / KEY_SPLIT : 1;
+                t->ws = wo;
+                if (t->nparts > 1) wo += (int64_t)t->nparts * t->nq * G * (D + 2);
+                for (int32_t p = 0; p < t->nparts; p++) {
+                    Item *it = &items[ii++];
+                    it->task = (int32_t)ti; it->part = p;
+                    it->k0 = t->nparts == 1 ? 0 : p * KEY_SPLIT;
+                    it->k1 = t->nparts == 1 || (p + 1) * KEY_SPLIT > visible ? visible : (p + 1) * KEY_SPLIT;
+                    it->cost = (int64_t)(it->k1 - it->k0) * t->nq;
+                }
+                ti++;
+            }
+    }
+    qsort(items, (size_t)num_items, sizeof(Item), by_cost_descending);   /* longest first */
+    const Problem P = {q, q_stride_t, q_stride_h, k_cache, v_cache, cache_f16 != 0, block_size, num_heads,
+                       num_kv_heads, head_dim, G, block_tables, table_stride, context_lens, query_start_loc,
+                       scale, out};
+#pragma omp parallel num_threads(threads)
+    {
+        int me = 0;
+#ifdef _OPENMP
+        me = omp_get_thread_num();
+#endif
+        float *base = scratch + scratch_floats * me;
+        Scratch sc = {base, base + rows * D, base + 2 * rows * D, base + 2 * rows * D + rows,
+                      base + 2 * rows * D + 2 * rows, base + 2 * rows * D + 2 * rows + KEY_CHUNK + 8,
+                      base + 2 * rows * D + 2 * rows + KEY_CHUNK + 8 + (int64_t)KEY_CHUNK * D};
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < num_items; i++) run_item(&P, &tasks[items[i].task], &items[i], &sc, ws);
+        if (ws_floats) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < num_tasks; t++)
+                if (tasks[t].nparts > 1) merge_task(&P, &tasks[t], ws);
+        }
+    }
+    free(tasks); free(items); free(ws); free(scratch);
+    return ATTN_OK;
+}

@@ -1,0 +1,171 @@
+"""The host paged attention (cpu/attention.c) against its NumPy twin, on every ISA path this CPU
+can run, for float32 and float16 KV caches; batch invariance; the 16-bit KV cache end to end."""
+import numpy as np
+import pytest
+
+from ember_cupy.ops import _host, paged_attention, write_kv
+from ember_cupy.ops.attention import paged_attention_host, paged_attention_numpy
+
+RUNNABLE = [isa for isa in _host.ISA_FLAGS if isa == "portable" or isa in _host.supported_isas()]
+BLOCK_SIZE = 16
+
+
+@pytest.fixture(scope="module", params=RUNNABLE)
+def library(request):
+    return _host.load_library(request.param)
+
+
+def make_batch(rng, seqs, num_kv_heads=3, group=3, head_dim=64, dtype=np.float32, num_blocks=None,
+               padding_blocks=3):
+    """seqs: (context_len, q_len) per sequence. Pages in a random (non-contiguous) order, each
+    table padded with `padding_blocks` entries past its context holding garbage ids; q a strided
+    view into a fused qkv. Returns the arguments of paged_attention, and the same tables with
+    the garbage replaced by block 0 (the twin gathers padded entries of shorter sequences)."""
+    needed = sum(-(-ctx // BLOCK_SIZE) for ctx, _ in seqs)
+    num_blocks = num_blocks or needed + 7
+    shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_dim)
+    k_cache = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+    v_cache = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+    width = max(-(-ctx // BLOCK_SIZE) for ctx, _ in seqs) + padding_blocks
+    free = list(rng.permutation(num_blocks))
+    garbage = np.array([-1, num_blocks, 1 << 30, -(1 << 30)], np.int32)
+    tables = garbage[rng.integers(0, len(garbage), (len(seqs), width))]
+    clean = np.zeros_like(tables)
+    for s, (ctx, _) in enumerate(seqs):
+        used = -(-ctx // BLOCK_SIZE)
+        tables[s, :used] = clean[s, :used] = [free.pop() for _ in range(used)]
+    query_lens = [q_len for _, q_len in seqs]
+    query_start_loc = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
+    num_heads = num_kv_heads * group
+    qkv = rng.standard_normal((int(query_start_loc[-1]), (num_heads + 2 * num_kv_heads) * head_dim),
+                              dtype=np.float32)
+    q = qkv[:, :num_heads * head_dim].reshape(-1, num_heads, head_dim)
+    context_lens = np.array([ctx for ctx, _ in seqs], np.int32)
+    return (q, k_cache, v_cache, tables, context_lens, query_start_loc, head_dim ** -0.5), clean
+
+
+def assert_matches_twin(library, args, clean_tables, dtype):
+    q, k_cache, v_cache, tables, context_lens, query_start_loc, scale = args
+    ours = paged_attention_host(*args, library=library)
+    twin = paged_attention_numpy(q, k_cache, v_cache, clean_tables, context_lens, query_start_loc, scale)
+    assert ours.dtype == np.float32 and ours.shape == q.shape
+    tolerance = 1e-5 if dtype == np.float32 else 2e-5
+    np.testing.assert_allclose(ours, twin, rtol=tolerance, atol=tolerance * np.abs(twin).max())
+    return ours
+
+
+DECODES = [(1, 1), (15, 1), (16, 1), (17, 1), (433, 1), (700, 1), (256, 1), (257, 1), (64, 1)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_decode_batch_of_mixed_lengths(library, dtype, group, head_dim):
+    rng = np.random.default_rng(group * 1000 + head_dim)
+    args, clean = make_batch(rng, DECODES, group=group, head_dim=head_dim, dtype=dtype)
+    assert_matches_twin(library, args, clean, dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("head_dim", [64, 128, 72, 20])
+def test_whole_prefill(library, dtype, head_dim):
+    """q_len = context_len; 72 and 20 exercise the partial-register and the scalar head_dim paths."""
+    rng = np.random.default_rng(head_dim)
+    args, clean = make_batch(rng, [(300, 300)], head_dim=head_dim, dtype=dtype)
+    assert_matches_twin(library, args, clean, dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("group", [1, 3, 4])
+def test_chunked_prefills_mixed_with_decodes(library, dtype, group):
+    """Chunks whose queries start mid-context (one shorter than a query tile with a long
+    context, so split into key ranges), whole short prompts, and decodes, in one batch."""
+    rng = np.random.default_rng(group)
+    seqs = [(1, 1), (700, 45), (33, 1), (600, 7), (17, 17), (416, 1), (129, 128), (5, 5), (300, 1)]
+    args, clean = make_batch(rng, seqs, group=group, dtype=dtype)
+    assert_matches_twin(library, args, clean, dtype)
+
+
+def test_float16_cache_is_the_twin_on_the_same_rounded_values(library):
+    """The f16 result differs from the f32 one only by the caches' rounding."""
+    rng = np.random.default_rng(7)
+    args, clean = make_batch(rng, DECODES + [(200, 40)], dtype=np.float16)
+    half = assert_matches_twin(library, args, clean, np.float16)
+    q, k16, v16, tables, lens, starts, scale = args
+    full = paged_attention_host(q, k16.astype(np.float32), v16.astype(np.float32), tables, lens, starts,
+                                scale, library)
+    np.testing.assert_allclose(half, full, rtol=1e-5, atol=1e-5 * np.abs(full).max())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_batch_invariance(library, dtype):
+    """A sequence's result is bitwise the same alone and among 15 others of any length."""
+    rng = np.random.default_rng(11)
+    others = [(int(ctx), 1) for ctx in rng.integers(1, 800, 12)] + [(90, 90), (500, 20), (40, 3)]
+    for target in [(700, 1), (17, 1), (300, 300), (640, 9)]:
+        for position in (0, 7, 15):
+            seqs = others[:position] + [target] + others[position:]
+            args, _ = make_batch(rng, seqs, dtype=dtype, num_blocks=1024)
+            q, k_cache, v_cache, tables, lens, starts, scale = args
+            batched = paged_attention_host(*args, library=library)
+            rows = slice(starts[position], starts[position + 1])
+            alone = paged_attention_host(
+                np.ascontiguousarray(q[rows]), k_cache, v_cache, tables[position:position + 1],
+                lens[position:position + 1], np.array([0, rows.stop - rows.start], np.int32), scale,
+                library)
+            np.testing.assert_array_equal(alone, batched[rows], err_msg=f"{target} at {position}")
+
+
+def test_thread_count_does_not_change_results():
+    """Work is split by the sequence's own lengths only: 1 thread gives the same bits as many."""
+    library = _host.load_library()
+    rng = np.random.default_rng(3)
+    args, _ = make_batch(rng, DECODES + [(300, 300), (640, 9)])
+    many = paged_attention_host(*args, library=library)
+    library.lib.ember_set_num_threads(1)
+    try:
+        one = paged_attention_host(*args, library=library)
+    finally:
+        library.lib.ember_set_num_threads(library.threads)
+    np.testing.assert_array_equal(one, many)
+
+
+def test_dispatch_runs_the_host_kernel_on_numpy_arrays():
+    library = _host.active()
+    if library is None:
+        pytest.skip("host kernels are off here")
+    rng = np.random.default_rng(5)
+    args, _ = make_batch(rng, [(40, 1), (70, 30)], dtype=np.float16)
+    np.testing.assert_array_equal(paged_attention(*args), paged_attention_host(*args, library=library))
+
+
+def test_a_block_id_out_of_range_inside_the_context_is_refused(library):
+    rng = np.random.default_rng(2)
+    args, _ = make_batch(rng, [(40, 1)])
+    args[3][0, 2] = args[1].shape[0]               # the context's third block
+    with pytest.raises(ValueError, match="block id"):
+        paged_attention_host(*args, library=library)
+
+
+def test_empty_batch(library):
+    rng = np.random.default_rng(1)
+    (q, k_cache, v_cache, tables, lens, starts, scale), _ = make_batch(rng, [(4, 1)])
+    out = paged_attention_host(q[:0], k_cache, v_cache, tables[:0], lens[:0], starts[:1], scale, library)
+    assert out.shape == (0, 9, 64)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_write_kv_rounds_into_the_cache_dtype(dtype):
+    rng = np.random.default_rng(0)
+    k_cache = np.zeros((4, BLOCK_SIZE, 3, 64), dtype)
+    v_cache = np.zeros_like(k_cache)
+    qkv = rng.standard_normal((5, 15 * 64), dtype=np.float32)
+    key = qkv[:, 9 * 64:12 * 64].reshape(5, 3, 64)
+    value = qkv[:, 12 * 64:].reshape(5, 3, 64)
+    slots = np.array([3, -1, 17, 63, 0], np.int64)
+    write_kv(key, value, k_cache, v_cache, slots)
+    flat_k, flat_v = k_cache.reshape(-1, 3, 64), v_cache.reshape(-1, 3, 64)
+    keep = slots >= 0
+    np.testing.assert_array_equal(flat_k[slots[keep]], key[keep].astype(dtype))
+    np.testing.assert_array_equal(flat_v[slots[keep]], value[keep].astype(dtype))
+    assert not flat_k[1].any()
