@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--api-key", default=None, help="require 'Authorization: Bearer <key>' on /v1/*")
     _add(g, "--allowed-origins", nargs="+", default=[], help="CORS origins ('*' for any); off when unset")
     _add(g, "--max-request-body-bytes", type=parse_size, default=4 << 20, help="larger bodies get 413")
+    _add(g, "--read-timeout", type=float, default=30.0,
+         help="seconds a client may take to send its request headers (also the idle keep-alive timeout), "
+              "and again its body (then 408); slower connections are closed")
     _add(g, "--drain-timeout", type=float, default=10.0,
          help="on SIGINT/SIGTERM, seconds in-flight requests may finish before being aborted")
     _add(g, "--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -179,6 +182,7 @@ def cmd_serve(args) -> int:
     settings = ServerSettings(host=args.host, port=args.port, served_model_names=names,
                               api_key=args.api_key or None, allowed_origins=list(args.allowed_origins or []),
                               max_body_bytes=args.max_request_body_bytes, drain_timeout=args.drain_timeout,
+                              read_timeout=args.read_timeout,
                               model_path=args.model)
     engine = AsyncEngine(factory=lambda: _load_engine(args), metrics=EngineMetrics(names[0]),
                          max_waiting=args.max_waiting)

@@ -109,8 +109,9 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if not isinstance(text, str):
             raise ValueError(f"text to tokenize must be a string, got {type(text).__name__}")
-        try:
-            ids = self._hf.encode(text, add_special_tokens=False).ids
+        try:   # encode_batch releases the GIL while it works (encode does not): a 4 MB prompt
+            # tokenized in a worker thread leaves the server's event loop free meanwhile
+            ids = self._hf.encode_batch([text], add_special_tokens=False)[0].ids
         except TypeError:   # what `tokenizers` raises for a str it cannot convert to UTF-8
             check_unicode(text)
             raise

@@ -52,11 +52,18 @@ class LLMEngine:
     # --- admission ----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
                     *, priority: int = 0, cache_salt: str | None = None,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, prompt_token_ids: list[int] | None = None) -> None:
+        """prompt_token_ids: with a string prompt, its token ids as self.tokenizer.encode gave them
+        (the server tokenizes off its event loop); the prompt is then not tokenized again."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        prompt_text, prompt_ids = self._prompt_ids(prompt)
+        if prompt_token_ids is not None and isinstance(prompt, str):
+            if not prompt_token_ids:
+                raise ValueError("prompt is empty: it must contain at least one token")
+            prompt_text, prompt_ids = prompt, list(prompt_token_ids)
+        else:
+            prompt_text, prompt_ids = self._prompt_ids(prompt)
         params.check_vocab(self.model_config.vocab_size)
         max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
         if params.n > self.config.max_num_seqs:

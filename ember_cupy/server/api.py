@@ -15,7 +15,7 @@ from ember_cupy.server.metrics import CONTENT_TYPE_LATEST
 from ember_cupy.server.middleware import auth_middleware, cors_handlers, error_middleware
 from ember_cupy.server.openapi import openapi_spec
 from ember_cupy.server.serving import OpenAIServing
-from ember_cupy.server.validation import Fields, is_int, read_json_body
+from ember_cupy.server.validation import READ_TIMEOUT_KEY, Fields, is_int, read_json_body
 
 log = logging.getLogger("ember_cupy.server")
 
@@ -34,6 +34,9 @@ class ServerSettings:
     allowed_origins: list[str] = field(default_factory=list)    # CORS off when empty
     max_body_bytes: int = 4 << 20
     drain_timeout: float = 10.0      # graceful shutdown: seconds in-flight requests may finish in
+    # seconds a client may take to send a request's headers (counted from the connection's start
+    # or its previous response: also the idle keep-alive timeout), and again its body
+    read_timeout: float = 30.0
     model_path: str | None = None
 
 
@@ -52,6 +55,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     app[ENGINE_KEY] = engine
     app[SERVING_KEY] = serving
     app[SETTINGS_KEY] = settings
+    app[READ_TIMEOUT_KEY] = settings.read_timeout
     handlers = _Handlers(engine, serving, settings)
     app.router.add_post("/v1/completions", serving.completions)
     app.router.add_post("/v1/chat/completions", serving.chat)
@@ -145,12 +149,13 @@ class _Handlers:
             if not isinstance(messages, list) or not messages:
                 raise bad_request("'messages' must be a non-empty array", param="messages")
             try:
-                text = tokenizer.apply_chat_template(messages, f.bool("add_generation_prompt", True))
+                text = await self.engine.off_loop(tokenizer.apply_chat_template, messages,
+                                                  f.bool("add_generation_prompt", True))
             except ValueError as exc:
                 raise bad_request(str(exc), param="messages") from None
             add_special = f.bool("add_special_tokens", True)   # as the engine encodes chat prompts
         try:
-            tokens = tokenizer.encode(text, add_special_tokens=add_special)
+            tokens = await self.engine.off_loop(tokenizer.encode, text, add_special_tokens=add_special)
         except ValueError as exc:
             raise bad_request(str(exc), param="prompt" if f.has("prompt") else "messages") from None
         result = {"count": len(tokens), "max_model_len": self.engine.max_model_len, "tokens": tokens}

@@ -107,6 +107,8 @@ class AsyncEngine:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ember-step")
+        # tokenizing and chat templates: a 4 MB prompt takes a second or more, not on the event loop
+        self._text_executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ember-text")
         self._ids = itertools.count()
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -148,6 +150,7 @@ class AsyncEngine:
         if self.metrics:
             self.metrics.engine_ready.set(0)
         self._executor.shutdown(wait=False)
+        self._text_executor.shutdown(wait=False)
 
     @property
     def is_ready(self) -> bool:
@@ -165,12 +168,21 @@ class AsyncEngine:
     def num_in_flight(self) -> int:
         return len(self._streams)
 
+    async def off_loop(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs) in a worker thread (tokenizing, chat templates): the event loop
+        keeps serving meanwhile. Never touches the LLMEngine's state."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._text_executor, lambda: fn(*args, **kwargs))
+
     # --- requests -------------------------------------------------------------------------
-    def _check_admission(self) -> None:
+    def _check_state(self) -> None:
         if self.state is EngineState.DEAD:
             raise EngineDeadError(f"the engine is dead: {self.error}")
         if self.state is not EngineState.READY:
             raise EngineNotReadyError(f"the engine is {self.state.value}")
+
+    def _check_admission(self) -> None:
+        self._check_state()
         if self.max_waiting is not None:
             waiting = self._num_really_waiting()
             if waiting >= self.max_waiting:
@@ -200,10 +212,15 @@ class AsyncEngine:
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = params or SamplingParams()
+        arrival = time.monotonic()
+        token_ids = None
+        if isinstance(prompt, str):
+            token_ids = await self.off_loop(self.engine.tokenizer.encode, prompt)
+            self._check_state()   # it may have died or begun stopping meanwhile
         stream = RequestStream(request_id, self)
         admitted = asyncio.get_running_loop().create_future()
-        arrival = time.monotonic()
-        self._ops.append(("add", request_id, prompt, params, priority, cache_salt, arrival, stream, admitted))
+        self._ops.append(("add", request_id, prompt, token_ids, params, priority, cache_salt, arrival, stream,
+                          admitted))
         self._wake.set()
         try:
             await admitted
@@ -261,12 +278,14 @@ class AsyncEngine:
                 self._apply_add(*op[1:])
         return stop
 
-    def _apply_add(self, request_id, prompt, params, priority, cache_salt, arrival, stream, admitted) -> None:
+    def _apply_add(self, request_id, prompt, token_ids, params, priority, cache_salt, arrival, stream,
+                   admitted) -> None:
         if admitted.done() or stream.finished:  # the caller left before admission
             return
         try:
+            extra = {} if token_ids is None else {"prompt_token_ids": token_ids}
             self.engine.add_request(request_id, prompt, params, priority=priority,
-                                    cache_salt=cache_salt, arrival_time=arrival)
+                                    cache_salt=cache_salt, arrival_time=arrival, **extra)
         except Exception as exc:  # ValueError: bad input; anything else: reported, not fatal
             admitted.set_exception(exc)
             return

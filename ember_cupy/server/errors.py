@@ -27,7 +27,8 @@ class APIError(Exception):
     """An error with an HTTP status, rendered in OpenAI's shape."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, type: str | None = None, headers: dict | None = None):
+                 code: str | None = None, type: str | None = None, headers: dict | None = None,
+                 close: bool = False):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -35,13 +36,17 @@ class APIError(Exception):
         self.code = code
         self.type = type or ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
         self.headers = headers or {}
+        self.close = close   # close the connection after the response (the request was not read whole)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> web.Response:
-        return web.Response(status=self.status, text=json.dumps(self.body()),
-                            content_type="application/json", headers=self.headers)
+        response = web.Response(status=self.status, text=json.dumps(self.body()),
+                                content_type="application/json", headers=self.headers)
+        if self.close:
+            response.force_close()
+        return response
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:

@@ -22,8 +22,14 @@ class Server:
         self.engine = engine
         self.settings = settings
         self.app = build_app(engine, settings)
+        # aiohttp closes a connection whose request has not fully arrived keepalive_timeout seconds
+        # after it opened (or after its previous response): that bounds slow headers (slowloris);
+        # read_json_body bounds slow bodies with the same timeout, and the unread rest of a body is
+        # drained (so the client sees the response) for at most that long too.
         self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None,
-                                    shutdown_timeout=max(5.0, settings.drain_timeout + 5.0))
+                                    shutdown_timeout=max(5.0, settings.drain_timeout + 5.0),
+                                    keepalive_timeout=settings.read_timeout,
+                                    lingering_time=min(10.0, settings.read_timeout))
         self.port: int | None = None
 
     async def start(self) -> None:

@@ -103,8 +103,9 @@ class OpenAIServing:
         req = parse_chat(body, self.engine.tokenizer.vocab_size)
         self.check_model(req.model)
         try:
-            prompt = self.engine.tokenizer.apply_chat_template(
-                req.messages, add_generation_prompt=req.add_generation_prompt, **req.chat_template_kwargs)
+            prompt = await self.engine.off_loop(
+                self.engine.tokenizer.apply_chat_template, req.messages,
+                add_generation_prompt=req.add_generation_prompt, **req.chat_template_kwargs)
         except (ValueError, TypeError) as exc:
             raise APIError(400, str(exc), param="messages", code="invalid_value") from None
         return await self._generate(request, req, [prompt])

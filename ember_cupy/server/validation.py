@@ -1,6 +1,7 @@
 """Reading a JSON request body: content type, size, syntax, and typed fields with clear errors."""
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -10,6 +11,7 @@ from aiohttp import web
 from ember_cupy.server.errors import APIError, bad_request
 
 _MISSING = object()
+READ_TIMEOUT_KEY = web.AppKey("read_timeout", float)   # seconds a client may take to send a body
 MAX_JSON_DEPTH = 64     # nesting levels of a request body; OpenAI's bodies need fewer than 10
 # \uD800-\uDFFF escapes: the only way a lone surrogate gets into the decoded body (a raw UTF-8
 # surrogate fails to decode); pairs are fine, so a match only means "walk the strings".
@@ -26,8 +28,12 @@ async def read_json_body(request: web.Request) -> dict:
         got = request.headers.get("Content-Type") or "none"
         raise APIError(415, f"Content-Type must be application/json, got {got!r}",
                        code="unsupported_media_type")
+    timeout = request.app.get(READ_TIMEOUT_KEY) if request.app is not None else None
     try:
-        raw = await request.read()
+        raw = await asyncio.wait_for(request.read(), timeout)
+    except asyncio.TimeoutError:   # TimeoutError itself from Python 3.11 on
+        raise APIError(408, f"the request body did not arrive within {timeout:g} s",
+                       code="request_timeout", close=True) from None
     except web.HTTPRequestEntityTooLarge:
         raise APIError(413, f"request body is too large: at most {request.client_max_size} bytes",
                        code="request_too_large") from None
