@@ -16,13 +16,15 @@ def _softmax(x):
 
 
 def _expected(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
-    """The filtered distribution, computed independently of the sampler (vLLM's semantics:
-    top-p applies to the top-k distribution renormalised)."""
+    """The filtered distribution, computed independently of the sampler (vLLM v1's semantics:
+    min_p relative to the largest probability, then top-k, then top-p on the distribution
+    renormalised over what those two left)."""
     probs = _softmax(LOGITS / temperature)
     order = np.argsort(-probs)
+    probs = np.where(probs >= min_p * probs.max(), probs, 0.0)
     if top_k:
         probs = np.where(np.isin(np.arange(len(probs)), order[:top_k]), probs, 0.0)
-        probs /= probs.sum()
+    probs /= probs.sum()
     keep = np.zeros_like(probs, dtype=bool)
     mass = 0.0
     for token in order:
@@ -30,7 +32,6 @@ def _expected(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
             break
         keep[token] = True
         mass += probs[token]
-    keep &= probs >= min_p * probs.max()
     filtered = np.where(keep, probs, 0.0)
     return filtered / filtered.sum()
 
@@ -44,7 +45,10 @@ def _draw(params: SamplingParams, count=8000):
 
 
 @pytest.mark.parametrize("filters", [dict(), dict(temperature=0.7), dict(top_p=0.8), dict(top_p=0.5, temperature=1.3),
-                                     dict(min_p=0.2), dict(top_k=3), dict(top_k=5, top_p=0.9, min_p=0.05)])
+                                     dict(min_p=0.2), dict(top_k=3), dict(top_k=5, top_p=0.9, min_p=0.05),
+                                     # min_p before top-p (vLLM): min_p leaves tokens 0-4, renormalised the
+                                     # mass before token 4 is 0.942 >= 0.92, so it goes (top-p first would keep it)
+                                     dict(top_p=0.92, min_p=0.1)])
 def test_empirical_distribution_matches_the_filtered_softmax(filters):
     counts = _draw(SamplingParams(**{"temperature": 1.0, **filters}))
     expected = _expected(**filters) * counts.sum()
@@ -177,3 +181,123 @@ def test_every_output_carries_request_stats(make_llm):
         assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
         assert m.queue_time >= 0 and m.time_to_first_token >= m.prefill_time >= 0
         assert m.num_preemptions == 0 and out.num_cached_tokens == m.num_cached_tokens == 0
+
+
+# --- the filter without a full sort equals a brute-force full sort ---------------------------
+def _reference_filter(row, top_k, top_p, min_p):
+    """vLLM's filtering by brute force: a full stable sort (lower id first among equal logits),
+    min_p against the top probability, top-k keeping every token tied with the k-th logit, then
+    top-p on what is left renormalised: a token stays while the mass before it is below top_p."""
+    order = np.argsort(-row, kind="stable")
+    probs = np.exp(row - row.max())
+    keep = probs >= np.float32(min_p) if min_p else np.ones(len(row), dtype=bool)
+    if 0 < top_k < len(row):
+        keep &= row >= row[order[top_k - 1]]
+    kept = order[keep[order]]
+    p = probs[kept].astype(np.float64)
+    if top_p < 1.0:
+        before = np.concatenate([[0.0], np.cumsum(p)[:-1]])
+        kept, p = kept[before < top_p * p.sum()], p[before < top_p * p.sum()]
+    return {int(t): float(q) for t, q in zip(kept, p) if q > 0}
+
+
+def _random_rows(vocab, seed):
+    """Smooth, peaked, flat and heavily tied rows, so every candidate size and tie path is used."""
+    rng = np.random.default_rng(seed)
+    rows = [rng.standard_normal(vocab) * scale for scale in (0.02, 0.5, 1.5, 4.0)]
+    rows += [np.round(rng.standard_normal(vocab) * 2), np.round(rng.standard_normal(vocab) * 0.3),
+             rng.integers(-3, 3, vocab).astype(float)]
+    heavy = rng.standard_normal(vocab) * 0.5
+    heavy[rng.choice(vocab, 30, replace=False)] += 6.0       # a few dominant tokens above a flat tail
+    return [r.astype(np.float32) for r in rows + [heavy]]
+
+
+FILTER_COMBOS = [(k, p, m) for k in (0, 1, 2, 5, 40, 300) for p in (1.0, 0.999, 0.95, 0.5, 0.1)
+                 for m in (0.0, 0.01, 0.2)]
+
+
+@pytest.mark.parametrize("vocab,seed", [(3000, 0), (49152, 1)])
+def test_filtered_distribution_equals_the_full_sort_reference(vocab, seed):
+    from ember_cupy.engine.sampler import filtered_distribution
+    for row in _random_rows(vocab, seed):
+        for top_k, top_p, min_p in FILTER_COMBOS:
+            ids, probs = filtered_distribution(row, top_k, top_p, min_p)
+            got = {int(t): float(q) for t, q in zip(ids, probs) if q > 0}
+            assert got == _reference_filter(row, top_k, top_p, min_p), (top_k, top_p, min_p)
+            if top_k or top_p < 1:   # sorted for the draw: by decreasing logit, lower id first
+                assert list(zip(-row[ids], ids)) == sorted(zip(-row[ids], ids))
+
+
+def test_the_batched_sampler_draws_the_reference_token():
+    """Through Sampler (one partition for the batch, per-row kth): each seeded row's token is the
+    inverse CDF of its own uniform over the reference distribution in sorted order."""
+    vocab = 49152
+    rows = _random_rows(vocab, 7)
+    combos = [(40, 0.95, 0.0), (0, 0.95, 0.0), (0, 0.5, 0.05), (300, 1.0, 0.0), (5, 0.9, 0.05),
+              (0, 0.999, 0.0), (2, 0.1, 0.0), (0, 1.0, 0.2)]
+    seqs, logits, expected = [], [], []
+    for n, (row, (top_k, top_p, min_p)) in enumerate(zip(rows, combos)):
+        params = SamplingParams(temperature=0.7, top_k=top_k, top_p=top_p, min_p=min_p, seed=100 + n)
+        seqs.append(Sequence(f"s{n}", [0], params, 10))
+        logits.append(row)
+        ref = _reference_filter(row / np.float32(0.7), top_k, top_p, min_p)
+        tokens = list(ref)
+        if not (top_k or top_p < 1):
+            tokens.sort()                     # no sort needed: the draw walks the ids in order
+        cumulative = np.cumsum([ref[t] for t in tokens])
+        u = np.random.default_rng([100 + n, 0]).random()
+        expected.append(tokens[min(np.searchsorted(cumulative, u * cumulative[-1], side="right"), len(tokens) - 1)])
+    assert Sampler(eos_token_ids=())(np.stack(logits), seqs).token_ids == expected
+
+
+def test_a_seeded_row_draws_the_same_tokens_whatever_the_batch():
+    rng = np.random.default_rng(3)
+    mine = SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=42)
+    draws = []
+    for batch in (1, 4, 9):
+        logits = rng.standard_normal((batch, 5000)).astype(np.float32) * 2
+        logits[batch // 2] = np.linspace(-3, 3, 5000, dtype=np.float32)
+        seq = Sequence("mine", [1, 2], mine, 10)
+        others = [Sequence(f"o{i}", [i], SamplingParams(temperature=1.0, top_p=0.5 + i / 20), 10)
+                  for i in range(batch - 1)]
+        seqs = others[:batch // 2] + [seq] + others[batch // 2:]
+        sampler = Sampler(eos_token_ids=())
+        draws.append([sampler(logits, seqs).token_ids[batch // 2] for _ in range(5)])
+    assert draws[0] == draws[1] == draws[2]
+
+
+# --- penalties for the whole batch equal the per-row definition -----------------------------
+def _reference_process(row, seq, eos):
+    """min_tokens, logit_bias, repetition, frequency and presence, one row at a time."""
+    p = seq.params
+    row = row.copy()
+    if seq.num_output_tokens < p.min_tokens:
+        row[list(p.stop_token_ids) + ([] if p.ignore_eos else eos)] = -np.inf
+    for token, bias in (p.logit_bias or {}).items():
+        row[token] += np.float32(bias)
+    if p.repetition_penalty != 1.0:
+        seen = np.unique(seq.token_ids)
+        row[seen] = np.where(row[seen] > 0, row[seen] / p.repetition_penalty, row[seen] * p.repetition_penalty)
+    if seq.output_token_ids:
+        ids, counts = np.unique(seq.output_token_ids, return_counts=True)
+        row[ids] -= p.frequency_penalty * counts + p.presence_penalty
+    return row
+
+
+def test_batched_penalties_equal_the_per_row_reference():
+    rng = np.random.default_rng(11)
+    vocab, eos = 700, [5, 6]
+    seqs = []
+    for i in range(12):
+        params = SamplingParams(
+            temperature=0.8, repetition_penalty=[1.0, 1.3, 0.7][i % 3], frequency_penalty=[0.0, 0.5, -0.3, 1.1][i % 4],
+            presence_penalty=[0.0, 0.4, -1.0][i % 3], min_tokens=[0, 8][i % 2], stop_token_ids=[9] if i % 5 else [],
+            logit_bias={int(t): float(rng.uniform(-100, 100)) for t in rng.choice(vocab, i % 4, replace=False)})
+        seq = Sequence(f"s{i}", list(rng.integers(0, vocab, 1 + 7 * i)), params, 50)
+        seq.token_ids += list(rng.integers(0, 40, 3 * i))     # repeats among the outputs
+        seqs.append(seq)
+    logits = (rng.standard_normal((len(seqs), vocab)) * 3).astype(np.float32)
+    expected = np.stack([_reference_process(logits[i], seq, eos) for i, seq in enumerate(seqs)])
+    processed = logits.copy()
+    Sampler(eos_token_ids=tuple(eos))._process(processed, seqs)
+    assert np.array_equal(processed, expected)
