@@ -1,8 +1,10 @@
 """Tokenizer on the `tokenizers` package: from tokenizer.json or a GGUF's embedded vocabulary."""
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
@@ -129,10 +131,39 @@ class Tokenizer:
         """The token's own text, as in logprobs entries (may be a partial UTF-8 sequence)."""
         return self._hf.decode([int(token_id)], skip_special_tokens=False)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's raw bytes, as its decoder produces them: for byte-level BPE the bytes its
+        characters stand for, even when they are only part of a UTF-8 character (where
+        token_bytes_text shows U+FFFD); b"" for an id the vocabulary does not have."""
+        token = self._hf.id_to_token(int(token_id))
+        if token is None:
+            return b""
+        if isinstance(self._hf.decoder, decoders.ByteLevel):
+            table = _byte_level_decoder()
+            if all(c in table for c in token):
+                return bytes(table[c] for c in token)
+            return token.encode("utf-8")   # as the ByteLevel decoder: a token outside its alphabet is its own text
+        byte = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", token)   # SentencePiece byte fallback
+        if byte:
+            return bytes([int(byte.group(1), 16)])
+        return self.token_bytes_text(token_id).encode("utf-8")
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
         if self.chat_template is None:
             raise ValueError("this model has no chat template; use a plain completion prompt")
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte: printable Latin-1 bytes stand for
+    themselves, the other 68 bytes for U+0100 onwards, in order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
+                 *range(ord("\xae"), ord("\xff") + 1)]
+    chars = {b: chr(b) for b in printable}
+    for n, b in enumerate(b for b in range(256) if b not in chars):
+        chars[b] = chr(256 + n)
+    return {c: b for b, c in chars.items()}
 
 
 def check_unicode(text: str) -> None:

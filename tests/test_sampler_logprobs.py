@@ -1,4 +1,4 @@
-"""Raw logprobs (vLLM v1's default) and non-finite logits."""
+"""Raw logprobs (vLLM v1's default), non-finite logits, and the real bytes of chat logprob tokens."""
 import math
 
 import numpy as np
@@ -99,3 +99,24 @@ def test_a_row_without_finite_logits_falls_back_to_greedy(fill):
     assert out.token_ids == [0] * len(ALL_KINDS) + [29]
     assert all(entry.logprob == -np.inf for entry in out.logprobs[:3])
 
+
+# --- chat logprob bytes ---------------------------------------------------------------------
+def test_chat_logprob_bytes_are_each_tokens_own_bytes(tokenizer):
+    from ember_cupy.server.responses import LogprobFormatter
+    ids = tokenizer.encode("🚀")
+    assert len(ids) == 3                              # one character, three byte-level tokens
+    entries = [TokenLogprobs(i, -0.25, [(i, -0.25), (ids[(n + 1) % 3], -2.0)]) for n, i in enumerate(ids)]
+    content = LogprobFormatter(tokenizer).chat(entries)["content"]
+    assert b"".join(bytes(c["bytes"]) for c in content) == "🚀".encode("utf-8")
+    for n, c in enumerate(content):
+        assert c["bytes"] == c["top_logprobs"][0]["bytes"] == list(tokenizer.token_bytes(ids[n]))
+        assert c["top_logprobs"][1]["bytes"] == list(tokenizer.token_bytes(ids[(n + 1) % 3]))
+    text = "Hi 🚀 naïve<|im_end|>"
+    content = LogprobFormatter(tokenizer).chat([TokenLogprobs(i, 0.0, []) for i in tokenizer.encode(text)])["content"]
+    assert b"".join(bytes(c["bytes"]) for c in content) == text.encode("utf-8")
+
+
+def test_token_bytes_agree_with_the_decoder_over_the_whole_vocabulary(tokenizer):
+    for token_id in range(tokenizer.vocab_size):
+        raw = tokenizer.token_bytes(token_id)
+        assert raw.decode("utf-8", errors="replace") == tokenizer.token_bytes_text(token_id), token_id

@@ -65,14 +65,18 @@ class LogprobFormatter:
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops,
                 "text_offset": offsets}
 
+    def _bytes(self, token_id: int) -> list[int]:
+        """The token's own bytes (part of a UTF-8 character for some tokens), not its text's."""
+        return list(self.tokenizer.token_bytes(token_id))
+
     def chat(self, entries) -> dict:
         content = []
         for entry in entries:
             text = self._text(entry.token_id)
             content.append({
-                "token": text, "logprob": _finite(entry.logprob), "bytes": list(text.encode("utf-8")),
-                "top_logprobs": [{"token": (t := self._text(tid)), "logprob": _finite(lp),
-                                  "bytes": list(t.encode("utf-8"))} for tid, lp in entry.top],
+                "token": text, "logprob": _finite(entry.logprob), "bytes": self._bytes(entry.token_id),
+                "top_logprobs": [{"token": self._text(tid), "logprob": _finite(lp),
+                                  "bytes": self._bytes(tid)} for tid, lp in entry.top],
             })
         return {"content": content}
 
