@@ -13,6 +13,7 @@
  * NumPy twin: ember_cupy/ops/linear.py (fake-quantized x @ dequantized W).
  */
 #include "common.h"
+#include "threadpool.h"
 
 #include <stdlib.h>
 
@@ -25,22 +26,6 @@ enum { WTYPE_Q8_0 = 0, WTYPE_Q4_1 = 1 };
 static const int64_t RECORD_BYTES[] = {16 + 256, 32 + 128};
 
 EMBER_EXPORT const char *ember_isa(void) { return EMBER_ISA; }
-
-EMBER_EXPORT int ember_max_threads(void) {
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
-
-EMBER_EXPORT void ember_set_num_threads(int n) {
-#ifdef _OPENMP
-    if (n > 0) omp_set_num_threads(n);
-#else
-    (void)n;
-#endif
-}
 
 /* ---- activation quantization ---------------------------------------------------------- */
 static void quantize_row(const float *x, int64_t K, int8_t *q, float *d_out, float *s_out) {
@@ -64,12 +49,20 @@ static void quantize_row(const float *x, int64_t K, int8_t *q, float *d_out, flo
     }
 }
 
+struct quantize_job { const float *x; int64_t K, ldx; int8_t *xq; float *xd, *xs; };
+
+static void quantize_rows(void *ctx, int64_t begin, int64_t end) {
+    const struct quantize_job *job = ctx;
+    const int64_t nb = job->K / QK;
+    for (int64_t m = begin; m < end; m++)
+        quantize_row(job->x + m * job->ldx, job->K, job->xq + m * job->K, job->xd + m * nb, job->xs + m * nb);
+}
+
 EMBER_EXPORT void ember_quantize_q8(const float *x, int64_t M, int64_t K, int64_t ldx,
                                     int8_t *xq, float *xd, float *xs) {
-    int64_t nb = K / QK;
-#pragma omp parallel for schedule(static) if (M >= 8)
-    for (int64_t m = 0; m < M; m++)
-        quantize_row(x + m * ldx, K, xq + m * K, xd + m * nb, xs + m * nb);
+    struct quantize_job job = {x, K, ldx, xq, xd, xs};
+    if (M >= 8) ember_parallel_for(M, quantize_rows, &job);
+    else quantize_rows(&job, 0, M);
 }
 
 /* ---- one group of 8 weight rows against R rows of x ------------------------------------- */
@@ -218,6 +211,20 @@ static void groups_against_x(const uint8_t *w, int32_t wtype, int64_t nb, const 
     }
 }
 
+struct matmul_job {
+    const uint8_t *w; int32_t wtype; int64_t nb, K, groups, N, ldy, m0, m1;
+    const int8_t *xq; const float *xd, *xs; float *y;
+};
+
+static void matmul_tasks(void *ctx, int64_t begin, int64_t end) {
+    const struct matmul_job *j = ctx;
+    for (int64_t t = begin; t < end; t++) {
+        const int64_t g1 = (t + 1) * GROUPS_PER_TASK < j->groups ? (t + 1) * GROUPS_PER_TASK : j->groups;
+        groups_against_x(j->w, j->wtype, j->nb, j->xq, j->K, j->xd, j->xs, j->m0, j->m1,
+                         t * GROUPS_PER_TASK, g1, j->N, j->y, j->ldy);
+    }
+}
+
 /* w: packed as above, ceil(N / 8) groups. Returns 0, -1 for a bad argument, -2 out of memory. */
 EMBER_EXPORT int ember_matmul_q(const float *x, int64_t M, int64_t K, int64_t ldx,
                                 const uint8_t *w, int64_t N, int32_t wtype, float *y, int64_t ldy) {
@@ -230,13 +237,10 @@ EMBER_EXPORT int ember_matmul_q(const float *x, int64_t M, int64_t K, int64_t ld
     float *xs = xd + M * nb;
     ember_quantize_q8(x, M, K, ldx, xq, xd, xs);
     const int64_t tasks = (groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK;
-    for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK) {
-        const int64_t m1 = m0 + M_CHUNK < M ? m0 + M_CHUNK : M;
-#pragma omp parallel for schedule(static)
-        for (int64_t t = 0; t < tasks; t++) {
-            const int64_t g1 = (t + 1) * GROUPS_PER_TASK < groups ? (t + 1) * GROUPS_PER_TASK : groups;
-            groups_against_x(w, wtype, nb, xq, K, xd, xs, m0, m1, t * GROUPS_PER_TASK, g1, N, y, ldy);
-        }
+    struct matmul_job job = {w, wtype, nb, K, groups, N, ldy, 0, 0, xq, xd, xs, y};
+    for (job.m0 = 0; job.m0 < M; job.m0 += M_CHUNK) {
+        job.m1 = job.m0 + M_CHUNK < M ? job.m0 + M_CHUNK : M;
+        ember_parallel_for(tasks, matmul_tasks, &job);
     }
     free(xq);
     free(xd);

@@ -4,7 +4,8 @@ ctypes (which releases the GIL during a call). The CPU twin of ops/_cuda.py.
 
 ISA paths: `avx512vnni`, `avx2`, `portable` (plain C any compiler builds). `EMBER_HOST_ISA`
 forces one; `EMBER_HOST_KERNELS=0` turns host kernels off (the NumPy twins run instead);
-`EMBER_NUM_THREADS` sets the kernels' thread count (default: the CPUs this process may use).
+`EMBER_NUM_THREADS` sets the kernels' thread count (default: the CPUs this process may use), and
+`EMBER_SPIN_US` how long idle workers spin before sleeping (cpu/threadpool.h).
 """
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ ISA_CPU_FLAGS = {
     "avx2": {"avx2", "fma", "f16c"},
     "portable": set(),
 }
-BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno",
-              "-Wall", "-Wextra", "-fvisibility=hidden")
+BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-pthread", "-ffp-contract=off",
+              "-fno-math-errno", "-Wall", "-Wextra", "-fvisibility=hidden")
 
 
 class HostKernelError(RuntimeError):

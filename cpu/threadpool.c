@@ -1,0 +1,128 @@
+/* See threadpool.h. One pool per process, started on first use. */
+#define _GNU_SOURCE
+#include "threadpool.h"
+
+#include "common.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define MAX_THREADS 256
+#define PAUSE_SPIN_NS 20000   /* pure spinning before the waiting thread starts yielding */
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    int requested, started;            /* threads wanted, workers running (excluding the caller) */
+    long long spin_ns;
+    atomic_uint_fast64_t generation;   /* bumped for every job */
+    atomic_int pending;                /* workers still running the current job */
+    atomic_int sleepers;
+    ember_range_fn fn;
+    void *ctx;
+    int64_t n;
+    int threads;                       /* threads taking part in the current job */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 1, 0, 200000, 0, 0, 0, 0, 0, 0, 1};
+
+static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void run_range(int index, int threads) {
+    int64_t begin = pool.n * index / threads, end = pool.n * (index + 1) / threads;
+    if (begin < end) pool.fn(pool.ctx, begin, end);
+}
+
+/* Spin, then yield, then sleep until the generation moves past `seen`. */
+static uint64_t wait_for_job(uint64_t seen) {
+    long long start = now_ns();
+    for (unsigned spins = 0;; spins++) {
+        uint64_t generation = atomic_load(&pool.generation);
+        if (generation != seen) return generation;
+        if ((spins & 63) == 0) {
+            long long waited = now_ns() - start;
+            if (waited > pool.spin_ns) break;
+            if (waited > PAUSE_SPIN_NS) sched_yield();
+        }
+        cpu_relax();
+    }
+    pthread_mutex_lock(&pool.lock);
+    atomic_fetch_add(&pool.sleepers, 1);
+    uint64_t generation;
+    while ((generation = atomic_load(&pool.generation)) == seen) pthread_cond_wait(&pool.wake, &pool.lock);
+    atomic_fetch_sub(&pool.sleepers, 1);
+    pthread_mutex_unlock(&pool.lock);
+    return generation;
+}
+
+static void *worker(void *arg) {
+    const int index = (int)(intptr_t)arg;
+    uint64_t seen = 0;
+    for (;;) {
+        seen = wait_for_job(seen);
+        if (index < pool.threads) run_range(index, pool.threads);
+        atomic_fetch_sub(&pool.pending, 1);
+    }
+    return NULL;
+}
+
+static void start_workers(void) {
+    pthread_mutex_lock(&start_lock);
+    const char *spin = getenv("EMBER_SPIN_US");
+    if (spin) pool.spin_ns = atoll(spin) * 1000LL;
+    while (pool.started + 1 < pool.requested) {
+        pthread_t thread;
+        if (pthread_create(&thread, NULL, worker, (void *)(intptr_t)(pool.started + 1)) != 0) break;
+        pthread_detach(thread);
+        pool.started++;
+    }
+    pthread_mutex_unlock(&start_lock);
+}
+
+EMBER_EXPORT void ember_set_num_threads(int n) {
+    pool.requested = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
+}
+
+EMBER_EXPORT int ember_max_threads(void) { return pool.requested; }
+
+void ember_parallel_for(int64_t n, ember_range_fn fn, void *ctx) {
+    if (pool.started + 1 < pool.requested) start_workers();
+    const int threads = pool.started + 1 < pool.requested ? pool.started + 1 : pool.requested;
+    if (threads <= 1 || n <= 1) {
+        if (n > 0) fn(ctx, 0, n);
+        return;
+    }
+    pool.fn = fn;
+    pool.ctx = ctx;
+    pool.n = n;
+    pool.threads = threads;
+    atomic_store(&pool.pending, pool.started);
+    atomic_fetch_add(&pool.generation, 1);
+    if (atomic_load(&pool.sleepers) > 0) {
+        pthread_mutex_lock(&pool.lock);
+        pthread_cond_broadcast(&pool.wake);
+        pthread_mutex_unlock(&pool.lock);
+    }
+    run_range(0, threads);
+    long long start = 0;
+    for (unsigned spins = 0; atomic_load(&pool.pending) > 0; spins++) {
+        if ((spins & 63) == 0) {
+            if (!start) start = now_ns();
+            else if (now_ns() - start > PAUSE_SPIN_NS) sched_yield();
+        }
+        cpu_relax();
+    }
+}

@@ -1,0 +1,15 @@
+/* The host kernels' thread pool: the calling thread plus (threads - 1) workers that spin briefly
+ * between calls (kernels come back to back within a step), yield to other runnable threads while
+ * they wait, and sleep once idle for EMBER_SPIN_US microseconds (default 200). */
+#ifndef EMBER_CPU_THREADPOOL_H
+#define EMBER_CPU_THREADPOOL_H
+
+#include <stdint.h>
+
+typedef void (*ember_range_fn)(void *ctx, int64_t begin, int64_t end);
+
+/* fn(ctx, begin, end) over [0, n) split into one contiguous range per thread; returns when all
+ * ranges are done. The split depends only on n and the thread count. */
+void ember_parallel_for(int64_t n, ember_range_fn fn, void *ctx);
+
+#endif
