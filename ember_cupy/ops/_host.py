@@ -190,6 +190,17 @@ def active() -> HostLibrary | None:
     return library
 
 
+def rows_f32(*arrays) -> bool:
+    """True when every array is float32 with a dense last axis (and 2-D arrays step whole rows)."""
+    import numpy as np
+    return all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.strides[-1] == 4
+               and (a.ndim == 1 or (a.ndim == 2 and a.strides[0] % 4 == 0)) for a in arrays)
+
+
+def row_stride(array) -> int:
+    return array.strides[0] // 4
+
+
 def describe() -> str:
     library = active()
     return library.describe() if library else "host kernels: off (NumPy twins)"

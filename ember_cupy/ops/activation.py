@@ -1,10 +1,15 @@
-"""SiLU(gate) * up: NumPy twin and launch of cuda/activation.cu."""
+"""SiLU(gate) * up: NumPy twin, host kernel (cpu/elementwise.c) and launch of cuda/activation.cu."""
 from __future__ import annotations
+
+import ctypes
 
 import numpy as np
 
-from ember_cupy.ops import _cuda
+from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops._kernel import array_module, i32, kernel, stride
+
+_host.register_signature("ember_silu_and_mul", [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                                ctypes.c_int64, ctypes.c_int64, ctypes.c_int64])
 
 THREADS = 256
 
@@ -13,10 +18,22 @@ def silu_and_mul(gate_up):
     """gate_up [T, 2I] (gate first) -> silu(gate) * up, [T, I]."""
     if _cuda.wants_kernel(gate_up):
         return _silu_and_mul_kernel(gate_up)
+    library = _host.active()
+    if library is not None and _host.rows_f32(gate_up):
+        inter = gate_up.shape[1] // 2
+        out = np.empty((gate_up.shape[0], inter), np.float32)
+        library.lib.ember_silu_and_mul(gate_up.ctypes.data, _host.row_stride(gate_up), out.ctypes.data,
+                                       inter, gate_up.shape[0], inter)
+        return out
+    return silu_and_mul_numpy(gate_up)
+
+
+def silu_and_mul_numpy(gate_up):
     half = gate_up.shape[-1] // 2
     gate, up = gate_up[:, :half], gate_up[:, half:]
     out = np.negative(gate)
-    np.exp(out, out=out)
+    with np.errstate(over="ignore"):      # exp(-gate) = inf for gate < -88: silu -> -0
+        np.exp(out, out=out)
     out += 1.0
     np.divide(gate, out, out=out)
     out *= up

@@ -6,12 +6,16 @@ Two layouts of the rotated pairs within a head of size D:
 """
 from __future__ import annotations
 
+import ctypes
 import math
 
 import numpy as np
 
-from ember_cupy.ops import _cuda
+from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops._kernel import array_module, i32, int32_array, kernel, stride
+
+_P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
+_host.register_signature("ember_rope", [_P, _I64, _I64, _I32, _P, _I64, _I64, _I32, _I32, _P, _P, _I32, _I64])
 
 THREADS = 128
 
@@ -58,6 +62,23 @@ def apply_rope(q: np.ndarray, k: np.ndarray, positions: np.ndarray, cos_sin_cach
     """Rotate q [T, Hq, D] and k [T, Hk, D] in place by each token's position [T]."""
     if _cuda.wants_kernel(q):
         return _apply_rope_kernel(q, k, positions, cos_sin_cache, is_neox)
+    library = _host.active()
+    if (library is not None and q.dtype == k.dtype == cos_sin_cache.dtype == np.float32
+            and q.strides[-1] == k.strides[-1] == 4 and cos_sin_cache.flags.c_contiguous):
+        positions = np.ascontiguousarray(positions, dtype=np.int32)
+        if len(positions) and (positions.min() < 0 or positions.max() >= len(cos_sin_cache)):
+            raise ValueError("apply_rope: a position outside the cos/sin cache")
+        library.lib.ember_rope(q.ctypes.data, q.strides[0] // 4, q.strides[1] // 4, q.shape[1],
+                               k.ctypes.data, k.strides[0] // 4, k.strides[1] // 4, k.shape[1],
+                               q.shape[2], positions.ctypes.data, cos_sin_cache.ctypes.data,
+                               int(bool(is_neox)), q.shape[0])
+        return None
+    return apply_rope_numpy(q, k, positions, cos_sin_cache, is_neox)
+
+
+def apply_rope_numpy(q: np.ndarray, k: np.ndarray, positions: np.ndarray, cos_sin_cache: np.ndarray,
+                     is_neox: bool = True) -> None:
+    """The NumPy twin of apply_rope (and of cpu/elementwise.c's ember_rope)."""
     half = q.shape[-1] // 2
     cos_sin = cos_sin_cache[positions]
     cos = cos_sin[:, None, :half]
