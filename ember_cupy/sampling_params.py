@@ -7,6 +7,11 @@ MAX_LOGPROBS = 20
 MAX_N = 128
 MAX_STOP_STRINGS = 16     # stop sequences per request (OpenAI allows 4; vLLM does not bound them)
 MAX_STOP_LENGTH = 1024    # characters per stop sequence: a stream holds back up to this - 1
+# Positive logits are divided by the repetition penalty: 1e-300 made them +inf (and NaN after
+# arithmetic with other infinities). At 0.01 a logit of 100 (+100 of logit_bias) becomes 2e4,
+# and 2e9 after the smallest sampled temperature (1e-5): far from float32's 3e38.
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 10.0
 
 
 def _require(ok: bool, message: str) -> None:
@@ -67,8 +72,9 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _require(-2.0 <= value <= 2.0, f"SamplingParams.{name} must be in [-2, 2], got {value}")
-        _require(0.0 < self.repetition_penalty <= 10.0,
-                 f"SamplingParams.repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        _require(MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
+                 f"SamplingParams.repetition_penalty must be in [{MIN_REPETITION_PENALTY}, "
+                 f"{MAX_REPETITION_PENALTY:g}], got {self.repetition_penalty}")
         _require(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
                  f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         _require(isinstance(self.min_tokens, int) and self.min_tokens >= 0,

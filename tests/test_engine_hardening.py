@@ -92,3 +92,43 @@ def test_a_lone_surrogate_in_a_prompt_is_a_value_error(make_llm):
     assert llm.tokenizer.encode("\U0001F600") == llm.tokenizer.encode("\ud83d\ude00".encode(
         "utf-16", "surrogatepass").decode("utf-16"))              # a proper pair is just a character
     assert not llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("field,value", [
+    ("repetition_penalty", 1e-300), ("repetition_penalty", 0.001), ("repetition_penalty", 1000.0),
+    ("repetition_penalty", float("nan")), ("temperature", float("inf")), ("temperature", 101.0),
+    ("presence_penalty", float("nan")), ("frequency_penalty", 2.5), ("top_p", float("nan")),
+    ("min_p", float("nan")), ("logit_bias", {"5": float("nan")}), ("logit_bias", {"5": -101}),
+])
+def test_sampling_params_refuse_values_that_could_make_nan(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_extreme_accepted_sampling_values_give_finite_results(make_llm):
+    from ember_cupy.sampling_params import MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY
+    llm = make_llm(num_kv_blocks=32)
+    vocab = llm.engine.model_config.vocab_size
+    for penalty in (MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY):
+        params = SamplingParams(repetition_penalty=penalty, temperature=1e-5, presence_penalty=-2,
+                                frequency_penalty=-2, logit_bias={5: 100, 6: -100}, max_tokens=4,
+                                ignore_eos=True, logprobs=2, seed=1)
+        completion = llm.generate("The capital of France is", params)[0].outputs[0]
+        assert len(completion.token_ids) == 4 and all(0 <= t < vocab for t in completion.token_ids)
+        import math
+        assert all(math.isfinite(lp.logprob) or lp.logprob == -math.inf for lp in completion.logprobs)
+
+
+def test_a_kv_cache_too_small_for_a_minimal_context_is_refused(checkpoint):
+    from ember_cupy.engine.llm_engine import MIN_KV_CONTEXT
+    from ember_cupy.model.runner import kv_block_bytes
+    assert MIN_KV_CONTEXT == 256
+    block = kv_block_bytes(checkpoint.config, 16, 4)
+    with pytest.raises(ValueError, match="kv_cache_memory"):
+        LLMEngine(checkpoint, EngineConfig(kv_cache_memory=1))                 # was: a 16-token context
+    with pytest.raises(ValueError, match="256 tokens"):
+        LLMEngine(checkpoint, EngineConfig(kv_cache_memory=15 * block))
+    engine = LLMEngine(checkpoint, EngineConfig(kv_cache_memory=16 * block))   # 256 tokens: enough
+    assert engine.max_model_len == 256
+    # a context asked to be shorter than the minimum only needs that much
+    assert LLMEngine(checkpoint, EngineConfig(kv_cache_memory=4 * block, max_model_len=64)).max_model_len == 64

@@ -23,6 +23,12 @@ from ember_cupy.sampling_params import SamplingParams
 logger = logging.getLogger("ember_cupy.engine")
 
 
+# A KV pool sized from kv_cache_memory must hold at least this many tokens of one sequence (or
+# max_model_len, when that is shorter): `--kv-cache-memory 1` used to give a 16-token context.
+# An explicit num_kv_blocks is taken as asked (tests and trace replays use tiny pools on purpose).
+MIN_KV_CONTEXT = 256
+
+
 class LLMEngine:
     def __init__(self, model: str | Checkpoint | None = None, config: EngineConfig | None = None,
                  progress=None):
@@ -37,6 +43,7 @@ class LLMEngine:
                                   consume_checkpoint=not isinstance(model, Checkpoint))
         if xp is np:  # after the KV pool exists: it stays lazily-zeroed mmap'd memory
             keep_freed_memory_mapped()
+        self._check_kv_pool()
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager)
@@ -48,6 +55,25 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         from ember_cupy.info import describe
         logger.info("%s", describe(self))
+
+    def _check_kv_pool(self) -> None:
+        if self.config.num_kv_blocks is not None:
+            return
+        cfg, num_blocks = self.config, self.runner.num_blocks
+        wanted = min(MIN_KV_CONTEXT, self.model_config.max_position_embeddings,
+                     cfg.max_model_len or MIN_KV_CONTEXT)
+        if num_blocks * cfg.block_size >= wanted:
+            return
+        block_bytes = sum(k.nbytes + v.nbytes for k, v in self.runner.kv_caches) // num_blocks
+        need = -(-wanted // cfg.block_size) * block_bytes
+        holds = f"holds {num_blocks * cfg.block_size} tokens, and at least {wanted} tokens of context are needed"
+        if self.runner.xp is np:
+            raise ValueError(f"the KV cache is too small: kv_cache_memory={cfg.kv_cache_memory} bytes {holds}; "
+                             f"give kv_cache_memory (--kv-cache-memory) >= {need} bytes "
+                             f"({-(-need // (1 << 20))} MiB: {block_bytes} bytes per block of {cfg.block_size} "
+                             f"tokens)")
+        raise ValueError(f"the KV cache is too small: the device memory left after the weights {holds} "
+                         f"({need} bytes); raise gpu_memory_utilization or lower max_num_batched_tokens")
 
     # --- admission ----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,

@@ -8,6 +8,7 @@ from ember_cupy.server.errors import APIError, bad_request, from_value_error
 from ember_cupy.server.validation import Fields, is_int
 
 MAX_PROMPTS = 64          # prompts in one batched completions request
+MAX_SEQUENCES = MAX_N     # prompts x n of one request: each is a sequence to run
 _SEED_MIN, _SEED_MAX = -(1 << 63), (1 << 64) - 1
 
 # Fields OpenAI defines that we accept and ignore (they change nothing here).
@@ -51,6 +52,10 @@ def parse_completion(body: dict, vocab_size: int) -> GenerationRequest:
                        param="echo", code="unsupported_parameter")
     request = GenerationRequest("completion", model=_model(f), prompts=_prompts(f, vocab_size),
                                 params=_sampling(f, vocab_size, logprobs, default_max_tokens=16), echo=echo)
+    sequences = len(request.prompts) * request.params.n
+    if sequences > MAX_SEQUENCES:
+        raise bad_request(f"{len(request.prompts)} prompts x n={request.params.n} make {sequences} sequences; "
+                          f"a request may run at most {MAX_SEQUENCES}", param="n")
     _common(f, request)
     return request
 
