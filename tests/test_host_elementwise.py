@@ -68,3 +68,14 @@ def test_rope_refuses_positions_outside_the_cache(host):
     q, k = np.zeros((1, 1, 8), np.float32), np.zeros((1, 1, 8), np.float32)
     with pytest.raises(ValueError, match="position"):
         ops.apply_rope(q, k, np.array([16], np.int32), cache)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7])
+def test_kth_largest_equals_the_twin(host, rows):
+    from ember_cupy.engine.sampler import kth_largest, kth_largest_numpy
+    rng = np.random.default_rng(rows)
+    logits = rng.standard_normal((rows, 5000)).astype(np.float32)
+    logits[:, ::7] = 1.5                          # ties at the threshold
+    logits[0, :3] = -np.inf
+    ks = [int(k) for k in rng.choice([1, 7, 40, 256, 4999, 5000], rows)]
+    np.testing.assert_array_equal(kth_largest(logits, ks), kth_largest_numpy(logits, ks))

@@ -37,12 +37,17 @@ finite or +inf value gives -inf everywhere.
 """
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
 
 from ember_cupy.engine.sequence import Sequence
+from ember_cupy.ops import _host
+
+_host.register_signature("ember_kth_largest", [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                               ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int)
 
 # Candidate set sizes tried, in turn, for a top-p without top-k before sorting the whole vocabulary.
 TOP_P_CANDIDATES = (256, 2048, 16384)
@@ -87,6 +92,27 @@ def top_logprobs(logprobs_row: np.ndarray, k: int) -> list[tuple[int, float]]:
     top = np.argpartition(-logprobs_row, k - 1)[:k]
     top = top[np.argsort(-logprobs_row[top], kind="stable")]
     return [(int(i), float(logprobs_row[i])) for i in top]
+
+
+def kth_largest(logits: np.ndarray, ks: list[int]) -> np.ndarray:
+    """The ks[r]-th largest value of every row (the top-k thresholds): the host kernel
+    (cpu/sampling.c, one heap pass per row) or its NumPy twin."""
+    library = _host.active()
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
+    if library is None or not len(ks):
+        return kth_largest_numpy(logits, ks)
+    k = np.asarray(ks, dtype=np.int64)
+    out = np.empty(len(ks), dtype=np.float32)
+    status = library.lib.ember_kth_largest(logits.ctypes.data, logits.shape[0], logits.shape[1],
+                                           logits.shape[1], k.ctypes.data, out.ctypes.data)
+    if status:
+        raise ValueError(f"kth_largest: k must be in [1, {logits.shape[1]}]")
+    return out
+
+
+def kth_largest_numpy(logits: np.ndarray, ks: list[int]) -> np.ndarray:
+    vocab = logits.shape[-1]
+    return np.array([np.partition(row, vocab - k)[vocab - k] for row, k in zip(logits, ks)], dtype=np.float32)
 
 
 def _by_decreasing_logit(row: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -245,10 +271,8 @@ class Sampler:
         need = [i for i, k in enumerate(wanted) if 0 < k < vocab]
         kth: list[float | None] = [None] * len(seqs)
         if need:
-            most = max(wanted[i] for i in need)
-            largest = np.sort(np.partition(logits[need], vocab - most, axis=-1)[:, vocab - most:], axis=-1)
-            for j, i in enumerate(need):
-                kth[i] = largest[j, most - wanted[i]]
+            for i, value in zip(need, kth_largest(logits[need], [wanted[i] for i in need])):
+                kth[i] = value
         chosen = np.empty(len(seqs), dtype=np.int64)
         for i, seq in enumerate(seqs):
             ids, probs = filtered_distribution(logits[i], top_k[i], seq.params.top_p, seq.params.min_p, kth[i])

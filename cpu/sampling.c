@@ -1,0 +1,59 @@
+/* Per-row k-th largest logit (the top-k threshold of the sampler), in one pass over the row with
+ * a min-heap of the k largest values so far. NumPy twin: ember_cupy/engine/sampler.py
+ * (kth_largest_numpy: np.partition). Rows are split over the thread pool. */
+#include "common.h"
+#include "threadpool.h"
+
+#include <stdlib.h>
+
+static void sift_down(float *heap, int64_t size, int64_t i) {
+    for (;;) {
+        int64_t smallest = i, left = 2 * i + 1, right = left + 1;
+        if (left < size && heap[left] < heap[smallest]) smallest = left;
+        if (right < size && heap[right] < heap[smallest]) smallest = right;
+        if (smallest == i) return;
+        float t = heap[i]; heap[i] = heap[smallest]; heap[smallest] = t;
+        i = smallest;
+    }
+}
+
+static float kth_largest(const float *row, int64_t vocab, int64_t k, float *heap) {
+    for (int64_t i = 0; i < k; i++) heap[i] = row[i];
+    for (int64_t i = k / 2 - 1; i >= 0; i--) sift_down(heap, k, i);
+    int64_t i = k;
+#if defined(__AVX2__)
+    /* most blocks of 8 hold nothing above the heap's minimum: test them with one compare */
+    for (; i + 8 <= vocab; i += 8) {
+        const __m256 v = _mm256_loadu_ps(row + i);
+        if (!_mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(heap[0]), _CMP_GT_OQ))) continue;
+        for (int64_t j = i; j < i + 8; j++)
+            if (row[j] > heap[0]) { heap[0] = row[j]; sift_down(heap, k, 0); }
+    }
+#endif
+    for (; i < vocab; i++)
+        if (row[i] > heap[0]) { heap[0] = row[i]; sift_down(heap, k, 0); }
+    return heap[0];
+}
+
+struct kth_job { const float *x; int64_t vocab, ld; const int64_t *k; float *out; int failed; };
+
+static void kth_rows(void *ctx, int64_t begin, int64_t end) {
+    struct kth_job *j = ctx;
+    int64_t most = 1;
+    for (int64_t r = begin; r < end; r++) most = j->k[r] > most ? j->k[r] : most;
+    float *heap = malloc(sizeof(float) * (size_t)most);
+    if (!heap) { j->failed = 1; return; }
+    for (int64_t r = begin; r < end; r++) j->out[r] = kth_largest(j->x + r * j->ld, j->vocab, j->k[r], heap);
+    free(heap);
+}
+
+/* out[r] = the k[r]-th largest of x[r, :vocab] (1 <= k[r] <= vocab). 0, or -1 on a bad k, -2 OOM. */
+EMBER_EXPORT int ember_kth_largest(const float *x, int64_t rows, int64_t vocab, int64_t ld,
+                                   const int64_t *k, float *out) {
+    for (int64_t r = 0; r < rows; r++)
+        if (k[r] < 1 || k[r] > vocab) return -1;
+    struct kth_job job = {x, vocab, ld, k, out, 0};
+    if (rows >= 2) ember_parallel_for(rows, kth_rows, &job);
+    else kth_rows(&job, 0, rows);
+    return job.failed ? -2 : 0;
+}
