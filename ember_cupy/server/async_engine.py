@@ -216,7 +216,7 @@ class AsyncEngine:
         token_ids = None
         if isinstance(prompt, str):
             token_ids = await self.off_loop(self.engine.tokenizer.encode, prompt)
-            self._check_state()   # it may have died or begun stopping meanwhile
+            self._check_admission()   # again: it may have died, begun stopping or filled up meanwhile
         stream = RequestStream(request_id, self)
         admitted = asyncio.get_running_loop().create_future()
         self._ops.append(("add", request_id, prompt, token_ids, params, priority, cache_salt, arrival, stream,
