@@ -53,6 +53,9 @@ class LLMEngine:
             limits.append(self.config.max_model_len)
         self.max_model_len = min(limits)
         self.requests: dict[str, Request] = {}
+        # called in step() right after scheduling, before the forward pass (the server updates its
+        # queue gauges there, so they show the step being computed rather than the one before)
+        self.on_scheduled = None
         from ember_cupy.info import describe
         logger.info("%s", describe(self))
 
@@ -162,6 +165,8 @@ class LLMEngine:
     # --- one step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
+        if self.on_scheduled is not None:
+            self.on_scheduled()
         if not batch:
             return []
         step_logits = self.runner.execute(batch)

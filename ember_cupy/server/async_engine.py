@@ -125,6 +125,8 @@ class AsyncEngine:
         if self.max_waiting is None:
             self.max_waiting = getattr(self.engine.config, "max_waiting", None)
         self.state = EngineState.READY
+        if hasattr(self.engine, "on_scheduled"):
+            self.engine.on_scheduled = self._refresh_metrics   # runs in the step's worker thread
         self._refresh_metrics()
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="ember-engine-loop")
 
@@ -259,6 +261,7 @@ class AsyncEngine:
                         await self._wake.wait()
                     continue
                 outputs = await loop.run_in_executor(self._executor, engine.step)
+                self._refresh_metrics()   # the state the step left (finished requests are gone)
                 self._dispatch(outputs)
         except Exception as exc:  # a failing step: fail everything, report it on /health
             self._die(exc, "the engine loop failed")
@@ -350,6 +353,9 @@ class AsyncEngine:
             m.request_finished(output.outputs[0].finish_reason if output.outputs else None)
 
     def _refresh_metrics(self) -> None:
+        """Snapshot the queues for admission and update the gauges. Runs between steps on the
+        loop, and (engine.on_scheduled) in the step's worker thread right after scheduling, while
+        the loop never touches the engine: never both at once."""
         engine = self.engine
         if engine is None:
             return

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from ember_cupy.server.api import START_TASK_KEY, ServerSettings, build_app
 from ember_cupy.server.async_engine import AsyncEngine, EngineState
+from ember_cupy.server.http_handler import AppRunner
 
 log = logging.getLogger("ember_cupy.server")
 
@@ -26,10 +27,11 @@ class Server:
         # after it opened (or after its previous response): that bounds slow headers (slowloris);
         # read_json_body bounds slow bodies with the same timeout, and the unread rest of a body is
         # drained (so the client sees the response) for at most that long too.
-        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None,
-                                    shutdown_timeout=max(5.0, settings.drain_timeout + 5.0),
-                                    keepalive_timeout=settings.read_timeout,
-                                    lingering_time=min(10.0, settings.read_timeout))
+        # AppRunner: aiohttp's own HTTP errors in OpenAI's shape, one log line each.
+        self.runner = AppRunner(self.app, handler_cancellation=True, access_log=None,
+                                shutdown_timeout=max(5.0, settings.drain_timeout + 5.0),
+                                keepalive_timeout=settings.read_timeout,
+                                lingering_time=min(10.0, settings.read_timeout))
         self.port: int | None = None
 
     async def start(self) -> None:

@@ -11,6 +11,9 @@ from ember_cupy.server.errors import APIError, bad_request, from_http_exception
 
 log = logging.getLogger("ember_cupy.server")
 
+# With an API key these need "Authorization: Bearer <key>"; every other route (/health,
+# /metrics, /version, /openapi.json: probes, scrapers, docs) stays public. cli.py's --api-key
+# help and README.md list both.
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
 
@@ -36,15 +39,25 @@ def error_middleware():
     return errors
 
 
+def _bearer_token(header: str) -> bytes | None:
+    """The credentials of `Bearer <token>`; the scheme is case-insensitive (RFC 7235)."""
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip().encode("utf-8", "surrogateescape")
+
+
 def auth_middleware(api_key: str):
-    expected = f"Bearer {api_key}".encode()
+    expected = api_key.encode()
 
     @web.middleware
     async def auth(request: web.Request, handler):
         if request.method != "OPTIONS" and request.path.startswith(PROTECTED_PREFIXES):
-            got = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(got, expected):
-                message = ("missing Authorization header: expected 'Bearer <api key>'" if not got
+            header = request.headers.get("Authorization", "")
+            token = _bearer_token(header)
+            if token is None or not hmac.compare_digest(token, expected):
+                message = ("missing Authorization header: expected 'Bearer <api key>'" if not header
+                           else "the Authorization header must be 'Bearer <api key>'" if token is None
                            else "invalid API key")
                 raise APIError(401, message, code="invalid_api_key",
                                headers={"WWW-Authenticate": "Bearer"})

@@ -114,3 +114,125 @@ def test_tokenizing_a_huge_prompt_does_not_block_the_event_loop(start_server):
     assert result["status"] == 400 and _error(result["raw"])["param"] == "prompt"   # too long for the context
     assert len(latencies) >= 3, (result["seconds"], latencies)
     assert max(latencies) < max(0.3, result["seconds"] / 4), (result["seconds"], max(latencies))
+
+
+BAD_HTTP = {
+    "bad-request-line": b"GET /health HTTP/1.1 junk\r\nHost: x\r\n\r\n",
+    "bad-method": b"G@T /health HTTP/1.1\r\nHost: x\r\n\r\n",
+    "bad-chunk-size": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    "te-with-content-length": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}",
+    "8kb-header": b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+}
+
+
+def test_http_parser_errors_are_openai_json_and_one_log_line(server, caplog):
+    import logging
+    caplog.set_level(logging.DEBUG)
+    for name, data in BAD_HTTP.items():
+        caplog.clear()
+        with _connect(server) as sock:
+            sock.sendall(data)
+            raw = _read_until_closed(sock)
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.split(b"\r\n")[0].split(b" ")[1] == b"400", (name, raw[:300])
+        assert b"application/json" in head, (name, head)
+        error = _error(body)
+        assert error["type"] == "invalid_request_error" and error["code"] == "bad_http_request", error
+        assert b"aaaaaaaaaa" not in body and len(error["message"]) < 300, error
+        records = [r for r in caplog.records if r.name.startswith(("aiohttp", "ember_cupy"))
+                   and r.levelno >= logging.INFO]
+        assert len(records) == 1, (name, [r.getMessage()[:200] for r in records])
+        record = records[0]
+        assert record.exc_info is None and "\n" not in record.getMessage(), record.getMessage()
+        assert len(record.getMessage()) < 300 and "aaaaaaaaaa" not in record.getMessage()
+
+
+KEY = "sekret-key"
+
+
+def test_bearer_scheme_is_case_insensitive(start_server):
+    from server_helpers import http
+    server = start_server(settings={"api_key": KEY}, num_kv_blocks=16)
+    for value in (f"Bearer {KEY}", f"bearer {KEY}", f"BEARER {KEY}", f"bEaReR  {KEY}"):
+        assert http(server.url, "GET", "/v1/models", headers={"Authorization": value})[0] == 200, value
+    for value in (KEY, f"Basic {KEY}", f"Bearer {KEY}x", "Bearer", f"Bearer{KEY}"):
+        status, _, raw = http(server.url, "GET", "/v1/models", headers={"Authorization": value})
+        assert status == 401 and _error(raw)["code"] == "invalid_api_key", value
+
+
+def test_the_routes_left_public_by_api_key_are_documented(capsys):
+    import os
+
+    import pytest
+
+    from ember_cupy import cli
+    from ember_cupy.server.api import ServerSettings, build_app
+    from ember_cupy.server.async_engine import AsyncEngine
+    from ember_cupy.server.middleware import PROTECTED_PREFIXES
+    app = build_app(AsyncEngine(factory=lambda: None), ServerSettings(api_key="k"))
+    routes = {r.canonical for r in app.router.resources()}
+    public = {r for r in routes if not r.startswith(PROTECTED_PREFIXES)}
+    assert public == {"/health", "/metrics", "/version", "/openapi.json"}
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["serve", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    api_key_help = help_text[help_text.rindex("--api-key"):][:600]     # its entry, not the usage line
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    paragraph = " ".join(line for line in readme.splitlines() if "--api-key" in line or "public" in line)
+    for route in sorted(public) + ["/v1/", "/tokenize", "/detokenize"]:
+        assert route in api_key_help, (route, api_key_help)
+        assert route in paragraph, (route, paragraph)
+
+
+def test_metrics_gauges_reflect_the_step_being_computed(checkpoint):
+    """Two requests admitted together are computing while the step runs: the gauges say so then,
+    not one step later."""
+    import re
+    import threading
+
+    from ember_cupy.config import EngineConfig
+    from ember_cupy.engine.llm_engine import LLMEngine
+    from ember_cupy.sampling_params import SamplingParams
+    from ember_cupy.server import AsyncEngine, EngineMetrics
+
+    class GatedEngine(LLMEngine):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.entered, self.gate = threading.Event(), threading.Event()
+            execute = self.runner.execute
+
+            def gated(batch):
+                self.entered.set()
+                self.gate.wait(30)
+                return execute(batch)
+            self.runner.execute = gated
+
+    def gauge(engine, name):
+        text = engine.metrics.render().decode()
+        return float(re.search(rf"^ember:{name}{{[^}}]*}} (\S+)$", text, re.M).group(1))
+
+    async def run():
+        llm_engine = GatedEngine(checkpoint, EngineConfig(num_kv_blocks=16))
+        engine = AsyncEngine(llm_engine, metrics=EngineMetrics(MODEL))
+        await engine.start()
+        try:
+            params = SamplingParams(max_tokens=2, temperature=0)
+            streams = await asyncio.gather(engine.add_request([1, 2, 3], params),
+                                           engine.add_request([4, 5, 6], params))
+            assert await asyncio.to_thread(llm_engine.entered.wait, 30)
+            during = gauge(engine, "num_requests_running"), gauge(engine, "num_requests_waiting")
+            llm_engine.gate.set()
+            for stream in streams:
+                async for _ in stream:
+                    pass
+            after = gauge(engine, "num_requests_running"), gauge(engine, "num_requests_waiting")
+            return during, after
+        finally:
+            llm_engine.gate.set()
+            await engine.shutdown()
+
+    during, after = asyncio.run(asyncio.wait_for(run(), 120))
+    assert during == (2.0, 0.0)
+    assert after == (0.0, 0.0)
