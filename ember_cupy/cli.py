@@ -62,12 +62,14 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     _add(g, "--max-num-batched-tokens", type=int, default=1024, help="tokens per step")
     _add(g, "--max-model-len", type=int, default=None, help="context length (default: the model's, capped by the KV pool)")
     _add(g, "--block-size", type=int, default=16, help="tokens per KV-cache block")
-    _add(g, "--kv-cache-memory", type=parse_size, default=1 << 30, help="bytes for the KV cache, e.g. 512MiB; refused below 256 tokens' worth (or --max-model-len's)")
+    _add(g, "--kv-cache-memory", type=parse_size, default=1 << 30,
+         help="bytes for the KV cache, e.g. 512MiB; refused below 256 tokens' worth (or --max-model-len's)")
     _add(g, "--num-kv-blocks", type=int, default=None, help="KV blocks (overrides --kv-cache-memory)")
     _add(g, "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
          help="reuse the KV of shared prompt prefixes")
     _add(g, "--policy", choices=POLICIES, default="fcfs", help="waiting-queue order")
-    _add(g, "--max-waiting", type=int, default=None, help="bound on requests waiting for a free sequence slot (beyond --max-num-seqs); past it: 503 + Retry-After")
+    _add(g, "--max-waiting", type=int, default=None,
+         help="bound on requests waiting for a free sequence slot (beyond --max-num-seqs); past it: 503 + Retry-After")
     _add(g, "--dtype", choices=DTYPES, default="auto",
          help="weights / KV dtype (auto: float32 on the CPU, float16 on CUDA; float16 is refused on the "
               "CPU, which has no BLAS for it)")
