@@ -25,7 +25,8 @@
 
 #define KEY_CHUNK 32      /* keys scored together: one softmax rescale per row and chunk */
 #define QUERY_TILE 16     /* queries per work item of a multi-tile (prefill) sequence */
-#define KEY_SPLIT 256     /* keys per work item of a single-tile sequence */
+#define KEY_SPLIT 128     /* keys per work item of a single-tile sequence */
+#define MIN_PARALLEL_COST 512   /* row-key pairs below which one thread runs it all */
 
 enum { ATTN_OK = 0, ATTN_BAD_SHAPE = 1, ATTN_BAD_LENGTHS = 2, ATTN_BAD_BLOCK = 3, ATTN_NO_MEMORY = 4 };
 
@@ -232,11 +233,30 @@ static void run_item(const Problem *P, const Task *t, const Item *it, Scratch *s
     const int vector = D % 8 == 0;
 #endif
     const float *krow[KEY_CHUNK], *vrow[KEY_CHUNK];
+    int64_t rows[KEY_CHUNK], next[KEY_CHUNK];   /* element offsets of this and the next chunk's keys */
+    const size_t elem = P->f16 ? 2 : 4;
+    int32_t block = it->k0 / bs, offset = it->k0 % bs;   /* of the next key to locate */
+    const int nk0 = it->k1 - it->k0 < KEY_CHUNK ? it->k1 - it->k0 : KEY_CHUNK;
+    for (int c = 0; c < nk0; c++) {
+        next[c] = (((int64_t)table[block] * bs + offset) * Hk + head) * D;
+        if (++offset == bs) { offset = 0; block++; }
+    }
     for (int32_t c0 = it->k0; c0 < it->k1; c0 += KEY_CHUNK) {
         const int nk = it->k1 - c0 < KEY_CHUNK ? it->k1 - c0 : KEY_CHUNK;
+        memcpy(rows, next, sizeof(int64_t) * (size_t)nk);
+        /* locate the next chunk's keys and prefetch them while this chunk is computed */
+        const int32_t n1 = it->k1 - (c0 + nk) < KEY_CHUNK ? it->k1 - (c0 + nk) : KEY_CHUNK;
+        for (int c = 0; c < n1; c++) {
+            next[c] = (((int64_t)table[block] * bs + offset) * Hk + head) * D;
+            if (++offset == bs) { offset = 0; block++; }
+            const char *kp = (const char *)P->k_cache + next[c] * elem, *vp = (const char *)P->v_cache + next[c] * elem;
+            for (size_t b = 0; b < (size_t)D * elem; b += 64) {
+                __builtin_prefetch(kp + b);
+                __builtin_prefetch(vp + b);
+            }
+        }
         for (int c = 0; c < nk; c++) {
-            const int32_t j = c0 + c;
-            const int64_t row = (((int64_t)table[j / bs] * bs + j % bs) * Hk + head) * D;
+            const int64_t row = rows[c];
             if (P->f16) {
                 to_f32(sc->kbuf + c * D, (const uint16_t *)P->k_cache + row, D);
                 to_f32(sc->vbuf + c * D, (const uint16_t *)P->v_cache + row, D);
@@ -388,6 +408,9 @@ EMBER_EXPORT int ember_paged_attention(
             }
     }
     qsort(items, (size_t)num_items, sizeof(Item), by_cost_descending);   /* longest first */
+    int64_t total_cost = 0;
+    for (int64_t i = 0; i < num_items; i++) total_cost += items[i].cost * G;
+    if (total_cost < MIN_PARALLEL_COST) threads = 1;   /* the fork would cost more than it saves */
     const Problem P = {q, q_stride_t, q_stride_h, k_cache, v_cache, cache_f16 != 0, block_size, num_heads,
                        num_kv_heads, head_dim, G, block_tables, table_stride, context_lens, query_start_loc,
                        scale, out};
