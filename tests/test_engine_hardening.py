@@ -121,9 +121,9 @@ def test_extreme_accepted_sampling_values_give_finite_results(make_llm):
 
 def test_a_kv_cache_too_small_for_a_minimal_context_is_refused(checkpoint):
     from ember_cupy.engine.llm_engine import MIN_KV_CONTEXT
-    from ember_cupy.model.runner import kv_block_bytes
     assert MIN_KV_CONTEXT == 256
-    block = kv_block_bytes(checkpoint.config, 16, 4)
+    probe = LLMEngine(checkpoint, EngineConfig(num_kv_blocks=1))    # an explicit pool is taken as asked
+    block = sum(k.nbytes + v.nbytes for k, v in probe.runner.kv_caches)  # bytes of one 16-token block
     with pytest.raises(ValueError, match="kv_cache_memory"):
         LLMEngine(checkpoint, EngineConfig(kv_cache_memory=1))                 # was: a 16-token context
     with pytest.raises(ValueError, match="256 tokens"):
