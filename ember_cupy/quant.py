@@ -92,7 +92,13 @@ class PackedWeight:
         return QuantizedTensor(self.qtype, _unpack(self), self.shape)
 
     def dequantize(self, rows=None) -> np.ndarray:
-        return self.to_gguf().dequantize(rows)
+        """float32 [rows, cols]; with `rows`, only their groups are unpacked (embedding lookups)."""
+        if rows is None:
+            return self.to_gguf().dequantize()
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        groups, position = np.unique(rows // ROWS_PER_GROUP, return_inverse=True)
+        subset = PackedWeight(self.qtype, self.data[groups], (len(groups) * ROWS_PER_GROUP, self.shape[1]))
+        return subset.to_gguf().dequantize(position * ROWS_PER_GROUP + rows % ROWS_PER_GROUP)
 
 
 def pack(tensor: QuantizedTensor) -> PackedWeight:

@@ -142,3 +142,12 @@ def test_no_compiler_means_a_warning_and_the_numpy_path(monkeypatch, caplog):
     finally:
         _host.load_library.cache_clear()
         _host.active.cache_clear()
+
+
+def test_packed_rows_dequantize_like_the_gguf_rows():
+    rng = np.random.default_rng(7)
+    source = QuantizedTensor("Q8_0", quantize(rng.standard_normal((37, 64)).astype(np.float32), QT.Q8_0), (37, 64))
+    packed = to_kernel_format(source)
+    rows = np.array([36, 0, 5, 5, 17])
+    np.testing.assert_array_equal(packed.dequantize(rows), source.dequantize()[rows])
+    np.testing.assert_array_equal(packed.dequantize(), source.dequantize())

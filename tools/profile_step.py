@@ -7,102 +7,94 @@ Decode: `--batch` sequences with prompts of about `--context` tokens are prefill
 `--steps` decode steps are timed. Prefill: one request of `--context` prompt tokens and
 max_tokens=1. Prints ms per step for every GEMM, attention, norms, RoPE, KV write and SiLU.
 
-The timing comes from `timed_forward`, a copy of LlamaModel.forward with a clock between ops;
-tests/test_profile_step.py holds its logits equal to the real forward's, so the copy cannot
-drift from the model unnoticed.
+The real forward is timed: while profiling, the functions LlamaModel.forward calls (the ops, the
+linear layers, the embedding) are replaced in its module by timed wrappers, so nothing is copied
+and profiling off costs nothing. "python" is the forward's time outside those calls; "engine"
+is the step's time outside the forward (scheduling, sampling, detokenizing).
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import sys
 import time
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_serving import make_prompts  # noqa: E402
 
+import ember_cupy.model.llama as llama_module  # noqa: E402
 from ember_cupy import ops  # noqa: E402
 
 
 class OpClock:
-    """Accumulates seconds per op name; `lap(name)` charges the time since the last lap."""
+    """Seconds per op name. Only the outermost timed call is charged (the LM head's own
+    matmul is not counted twice)."""
 
     def __init__(self):
         self.seconds = collections.Counter()
-        self._last = time.perf_counter()
+        self._depth = 0
 
     def reset(self) -> None:
         self.seconds.clear()
-        self._last = time.perf_counter()
 
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds[name] += now - self._last
-        self._last = now
-
-
-def timed_forward(model, input_ids, batch, kv_caches, clock: OpClock):
-    """LlamaModel.forward, op for op, with clock laps in between."""
-    cfg = model.config
-    clock.lap("other")
-    hidden = model.embed[input_ids]
-    residual = None
-    for layer, (k_cache, v_cache) in zip(model.layers, kv_caches):
-        if residual is None:
-            residual = hidden
-            x = ops.rms_norm(hidden, layer.attn_norm, cfg.rms_norm_eps)
-        else:
-            x, residual = ops.fused_add_rms_norm(hidden, residual, layer.attn_norm, cfg.rms_norm_eps)
-        clock.lap("norm")
-        hidden = _timed_attention(model, x, layer, batch, k_cache, v_cache, clock)
-        x, residual = ops.fused_add_rms_norm(hidden, residual, layer.ffn_norm, cfg.rms_norm_eps)
-        clock.lap("norm")
-        gate_up = x @ layer.gate_up
-        clock.lap("gemm gate_up")
-        activated = ops.silu_and_mul(gate_up)
-        clock.lap("silu_and_mul")
-        hidden = activated @ layer.down
-        clock.lap("gemm down")
-    sampled = (hidden[batch.logits_indices], residual[batch.logits_indices])
-    x, _ = ops.fused_add_rms_norm(*sampled, model.norm, cfg.rms_norm_eps)
-    clock.lap("norm")
-    logits = model._logits(x)
-    clock.lap("lm_head")
-    return logits
+    def timed(self, name, function):
+        def wrapper(*args, **kwargs):
+            self._depth += 1
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self._depth -= 1
+                if not self._depth:
+                    self.seconds[name(*args) if callable(name) else name] += time.perf_counter() - start
+        return wrapper
 
 
-def _timed_attention(model, x, layer, batch, k_cache, v_cache, clock: OpClock):
-    cfg = model.config
-    qkv = x @ layer.qkv
-    if layer.qkv_bias is not None:
-        qkv += layer.qkv_bias
-    clock.lap("gemm qkv")
-    num_tokens = x.shape[0]
-    q = qkv[:, :cfg.q_size].reshape(num_tokens, cfg.num_heads, cfg.head_dim)
-    k = qkv[:, cfg.q_size:cfg.q_size + cfg.kv_size].reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-    v = qkv[:, cfg.q_size + cfg.kv_size:].reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-    ops.apply_rope(q, k, batch.positions, model.cos_sin_cache, is_neox=True)
-    clock.lap("rope")
-    ops.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
-    clock.lap("write_kv")
-    out = ops.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,
-                              batch.query_start_loc, model.scale)
-    clock.lap("attention")
-    projected = out.reshape(num_tokens, cfg.q_size) @ layer.o
-    clock.lap("gemm o")
-    return projected
+def _matrix_names(model) -> dict[int, str]:
+    names = {id(model.lm_head): "lm_head"}
+    for layer in model.layers:
+        for field in ("qkv", "o", "gate_up", "down"):
+            names[id(getattr(layer, field))] = f"gemm {field}"
+    return names
 
 
-def install(llm, clock: OpClock) -> None:
-    """Route llm's forward passes through timed_forward."""
+@contextlib.contextmanager
+def profiling(llm, clock: OpClock):
+    """Time llm's forward passes op by op while the block runs."""
     model = llm.engine.runner.model
-    model.forward = lambda input_ids, batch, kv_caches: timed_forward(
-        model, input_ids, batch, kv_caches, clock)
+    names = _matrix_names(model)
+    patched = {
+        "ops": types.SimpleNamespace(**{n: clock.timed(n, getattr(ops, n)) for n in ops.__all__}),
+        "linear": clock.timed(lambda x, w: names.get(id(w), "gemm"), llama_module.linear),
+        "embedding": clock.timed("embedding", llama_module.embedding),
+    }
+    saved = {name: getattr(llama_module, name) for name in patched}
+    forward, logits = model.forward, model._logits
+    total = collections.Counter()
+
+    def timed_forward(*args):
+        start = time.perf_counter()
+        try:
+            return forward(*args)
+        finally:
+            total["forward"] += time.perf_counter() - start
+
+    model.forward, model._logits = timed_forward, clock.timed("lm_head", logits)
+    for name, value in patched.items():
+        setattr(llama_module, name, value)
+    try:
+        yield total
+    finally:
+        for name, value in saved.items():
+            setattr(llama_module, name, value)
+        del model.forward, model._logits
 
 
-def profile_decode(llm, batch: int, context: int, steps: int, clock: OpClock) -> tuple[float, int]:
+def profile_decode(llm, batch: int, context: int, steps: int, clock: OpClock, total) -> tuple[float, int]:
     from ember_cupy import SamplingParams
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)
@@ -112,6 +104,7 @@ def profile_decode(llm, batch: int, context: int, steps: int, clock: OpClock) ->
     while any(seq.num_uncomputed_tokens > 1 for seq in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
     clock.reset()
+    total.clear()
     start, count = time.perf_counter(), 0
     while engine.has_unfinished_requests():
         engine.step()
@@ -119,11 +112,12 @@ def profile_decode(llm, batch: int, context: int, steps: int, clock: OpClock) ->
     return time.perf_counter() - start, count
 
 
-def profile_prefill(llm, context: int, clock: OpClock) -> tuple[float, int]:
+def profile_prefill(llm, context: int, clock: OpClock, total) -> tuple[float, int]:
     from ember_cupy import SamplingParams
     warm, measured = make_prompts(2, context, context)
     llm.generate([warm], SamplingParams(max_tokens=1))   # warm the pool's pages
     clock.reset()
+    total.clear()
     start = time.perf_counter()
     llm.generate([measured], SamplingParams(max_tokens=1))
     return time.perf_counter() - start, 1
@@ -136,16 +130,20 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=400, help="prompt words (about tokens)")
     ap.add_argument("--steps", type=int, default=20, help="decode steps to time")
     ap.add_argument("--prefill", action="store_true", help="time one prefill instead")
+    ap.add_argument("--quantization", default="auto", choices=["auto", "none", "q8_0"])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     from ember_cupy import LLM
-    llm = LLM(args.model, max_num_seqs=max(64, args.batch), enable_prefix_caching=False)
+    llm = LLM(args.model, max_num_seqs=max(64, args.batch), enable_prefix_caching=False,
+              quantization=args.quantization)
     clock = OpClock()
-    install(llm, clock)
-    if args.prefill:
-        seconds, steps = profile_prefill(llm, args.context, clock)
-    else:
-        seconds, steps = profile_decode(llm, args.batch, args.context, args.steps, clock)
+    with profiling(llm, clock) as total:
+        if args.prefill:
+            seconds, steps = profile_prefill(llm, args.context, clock, total)
+        else:
+            seconds, steps = profile_decode(llm, args.batch, args.context, args.steps, clock, total)
+    clock.seconds["python"] = total["forward"] - sum(clock.seconds.values())
+    clock.seconds["engine"] = seconds - total["forward"]
     per_step = {name: round(s / steps * 1e3, 2) for name, s in clock.seconds.most_common()}
     result = {"mode": "prefill" if args.prefill else "decode", "batch": 1 if args.prefill else args.batch,
               "context": args.context, "ms_per_step": round(seconds / steps * 1e3, 2), "ops_ms": per_step}
