@@ -19,14 +19,18 @@
  * batch or whichever thread runs it.
  */
 #include "common.h"
+#include "threadpool.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+
+int ember_max_threads(void);   /* cpu/threadpool.c: threads of the pool (the caller included) */
 
 #define KEY_CHUNK 32      /* keys scored together: one softmax rescale per row and chunk */
 #define QUERY_TILE 16     /* queries per work item of a multi-tile (prefill) sequence */
 #define KEY_SPLIT 128     /* keys per work item of a single-tile sequence */
-#define MIN_PARALLEL_COST 512   /* row-key pairs below which one thread runs it all */
+#define MIN_PARALLEL_COST 512   /* row-key pairs below which the calling thread runs it all */
 
 enum { ATTN_OK = 0, ATTN_BAD_SHAPE = 1, ATTN_BAD_LENGTHS = 2, ATTN_BAD_BLOCK = 3, ATTN_NO_MEMORY = 4 };
 
@@ -331,6 +335,38 @@ static int by_cost_descending(const void *a, const void *b) {
     return x->task != y->task ? (x->task < y->task ? -1 : 1) : (x->part < y->part ? -1 : x->part > y->part);
 }
 
+/* The pool runs one range per thread; each thread claims items (then tasks to merge) in order
+ * from a shared counter, so long items do not leave the other threads idle. */
+typedef struct {
+    const Problem *P;
+    const Task *tasks;
+    const Item *items;
+    int64_t num_items, num_tasks;
+    float *ws, *scratch;
+    int64_t scratch_floats, rows;
+    atomic_int_fast64_t next;
+} Job;
+
+static void run_items(void *ctx, int64_t begin, int64_t end) {
+    Job *job = ctx;
+    (void)end;
+    const int64_t rows = job->rows, D = job->P->head_dim;
+    float *base = job->scratch + job->scratch_floats * begin;   /* begin: this thread's slot */
+    Scratch sc = {base, base + rows * D, base + 2 * rows * D, base + 2 * rows * D + rows,
+                  base + 2 * rows * D + 2 * rows, base + 2 * rows * D + 2 * rows + KEY_CHUNK + 8,
+                  base + 2 * rows * D + 2 * rows + KEY_CHUNK + 8 + KEY_CHUNK * D};
+    for (int64_t i; (i = atomic_fetch_add(&job->next, 1)) < job->num_items;)
+        run_item(job->P, &job->tasks[job->items[i].task], &job->items[i], &sc, job->ws);
+}
+
+static void run_merges(void *ctx, int64_t begin, int64_t end) {
+    Job *job = ctx;
+    (void)begin;
+    (void)end;
+    for (int64_t t; (t = atomic_fetch_add(&job->next, 1)) < job->num_tasks;)
+        if (job->tasks[t].nparts > 1) merge_task(job->P, &job->tasks[t], job->ws);
+}
+
 /* out [T, Hq, D] float32 (contiguous); q [T, Hq, D] float32 with strides (in elements)
  * q_stride_t, q_stride_h and a contiguous last axis; caches [num_blocks, block_size, Hk, D]
  * contiguous, float32 (cache_f16 = 0) or float16 (1); block_tables [num_seqs, max_blocks] int32
@@ -370,10 +406,7 @@ EMBER_EXPORT int ember_paged_attention(
     Task *tasks = malloc(sizeof(Task) * (size_t)num_tasks);
     Item *items = malloc(sizeof(Item) * (size_t)num_items);
     float *ws = ws_floats ? malloc(sizeof(float) * (size_t)ws_floats) : NULL;
-    int threads = 1;
-#ifdef _OPENMP
-    threads = omp_get_max_threads();
-#endif
+    int threads = ember_max_threads();
     if (threads > num_items) threads = (int)num_items;
     const int64_t rows = (int64_t)QUERY_TILE * G;
     const int64_t scratch_floats = 2 * rows * D + 2 * rows + (KEY_CHUNK + 8) + 2 * (int64_t)KEY_CHUNK * D;
@@ -414,23 +447,13 @@ EMBER_EXPORT int ember_paged_attention(
     const Problem P = {q, q_stride_t, q_stride_h, k_cache, v_cache, cache_f16 != 0, block_size, num_heads,
                        num_kv_heads, head_dim, G, block_tables, table_stride, context_lens, query_start_loc,
                        scale, out};
-#pragma omp parallel num_threads(threads)
-    {
-        int me = 0;
-#ifdef _OPENMP
-        me = omp_get_thread_num();
-#endif
-        float *base = scratch + scratch_floats * me;
-        Scratch sc = {base, base + rows * D, base + 2 * rows * D, base + 2 * rows * D + rows,
-                      base + 2 * rows * D + 2 * rows, base + 2 * rows * D + 2 * rows + KEY_CHUNK + 8,
-                      base + 2 * rows * D + 2 * rows + KEY_CHUNK + 8 + (int64_t)KEY_CHUNK * D};
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t i = 0; i < num_items; i++) run_item(&P, &tasks[items[i].task], &items[i], &sc, ws);
-        if (ws_floats) {
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < num_tasks; t++)
-                if (tasks[t].nparts > 1) merge_task(&P, &tasks[t], ws);
-        }
+    Job job = {&P, tasks, items, num_items, num_tasks, ws, scratch, scratch_floats, rows, 0};
+    if (threads > 1) ember_parallel_for(threads, run_items, &job);
+    else run_items(&job, 0, 1);
+    if (ws_floats) {
+        atomic_store(&job.next, 0);
+        if (threads > 1) ember_parallel_for(threads, run_merges, &job);
+        else run_merges(&job, 0, 1);
     }
     free(tasks); free(items); free(ws); free(scratch);
     return ATTN_OK;

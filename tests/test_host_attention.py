@@ -116,17 +116,19 @@ def test_batch_invariance(library, dtype):
             np.testing.assert_array_equal(alone, batched[rows], err_msg=f"{target} at {position}")
 
 
-def test_thread_count_does_not_change_results():
-    """Work is split by the sequence's own lengths only: 1 thread gives the same bits as many."""
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_thread_count_does_not_change_results(dtype):
+    """Work is split by the sequence's own lengths only: 1 thread gives the same bits as many,
+    and the twin's result (the calling thread alone runs both the items and the merges)."""
     library = _host.load_library()
     rng = np.random.default_rng(3)
-    args, _ = make_batch(rng, DECODES + [(300, 300), (640, 9)])
-    many = paged_attention_host(*args, library=library)
+    args, clean = make_batch(rng, DECODES + [(300, 300), (640, 9)], dtype=dtype)
     library.lib.ember_set_num_threads(1)
     try:
-        one = paged_attention_host(*args, library=library)
+        one = assert_matches_twin(library, args, clean, dtype)
     finally:
         library.lib.ember_set_num_threads(library.threads)
+    many = paged_attention_host(*args, library=library)
     np.testing.assert_array_equal(one, many)
 
 
