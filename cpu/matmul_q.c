@@ -225,23 +225,49 @@ static void matmul_tasks(void *ctx, int64_t begin, int64_t end) {
     }
 }
 
-/* w: packed as above, ceil(N / 8) groups. Returns 0, -1 for a bad argument, -2 out of memory. */
-EMBER_EXPORT int ember_matmul_q(const float *x, int64_t M, int64_t K, int64_t ldx,
-                                const uint8_t *w, int64_t N, int32_t wtype, float *y, int64_t ldy) {
+/* Two int8 passes: row 2m holds x's blocks, row 2m+1 those of the residual x - dequant(row 2m),
+ * so that x ~ d1 q1 + d2 q2 (about 14 bits); the two rows' results are summed. */
+static void quantize_two_pass(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *xq,
+                              float *xd, float *xs, float *residual) {
+    const int64_t nb = K / QK;
+    for (int64_t m = 0; m < M; m++) {
+        int8_t *q1 = xq + 2 * m * K;
+        float *d1 = xd + 2 * m * nb;
+        quantize_row(x + m * ldx, K, q1, d1, xs + 2 * m * nb);
+        for (int64_t k = 0; k < K; k++) residual[k] = x[m * ldx + k] - (float)q1[k] * d1[k / QK];
+        quantize_row(residual, K, q1 + K, d1 + nb, xs + (2 * m + 1) * nb);
+    }
+}
+
+/* w: packed as above, ceil(N / 8) groups; passes: 1 (int8 x) or 2 (x and its residual).
+ * Returns 0, -1 for a bad argument, -2 out of memory. */
+EMBER_EXPORT int ember_matmul_q(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w,
+                                int64_t N, int32_t wtype, float *y, int64_t ldy, int32_t passes) {
     if (K % QK != 0 || (wtype != WTYPE_Q8_0 && wtype != WTYPE_Q4_1) || M < 0 || N < 0) return -1;
+    if (passes != 1 && passes != 2) return -1;
     if (M == 0 || N == 0) return 0;
-    const int64_t nb = K / QK, groups = (N + ROWS - 1) / ROWS;
-    int8_t *xq = (int8_t *)malloc((size_t)(M * K + 64));
-    float *xd = (float *)malloc(sizeof(float) * (size_t)(M * nb) * 2);
+    const int64_t nb = K / QK, groups = (N + ROWS - 1) / ROWS, rows = M * passes;
+    const size_t extra = passes == 2 ? (size_t)(K + rows * N) : 0;   /* residual row, both results */
+    int8_t *xq = (int8_t *)malloc((size_t)(rows * K + 64));
+    float *xd = (float *)malloc(sizeof(float) * ((size_t)(rows * nb) * 2 + extra));
     if (!xq || !xd) { free(xq); free(xd); return -2; }
-    float *xs = xd + M * nb;
-    ember_quantize_q8(x, M, K, ldx, xq, xd, xs);
-    const int64_t tasks = (groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK;
+    float *xs = xd + rows * nb, *scratch = xs + rows * nb;
     struct matmul_job job = {w, wtype, nb, K, groups, N, ldy, 0, 0, xq, xd, xs, y};
-    for (job.m0 = 0; job.m0 < M; job.m0 += M_CHUNK) {
-        job.m1 = job.m0 + M_CHUNK < M ? job.m0 + M_CHUNK : M;
+    if (passes == 2) {
+        quantize_two_pass(x, M, K, ldx, xq, xd, xs, scratch);
+        job.y = scratch + K;
+        job.ldy = N;
+    } else {
+        ember_quantize_q8(x, M, K, ldx, xq, xd, xs);
+    }
+    const int64_t tasks = (groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK;
+    for (job.m0 = 0; job.m0 < rows; job.m0 += M_CHUNK) {
+        job.m1 = job.m0 + M_CHUNK < rows ? job.m0 + M_CHUNK : rows;
         ember_parallel_for(tasks, matmul_tasks, &job);
     }
+    if (passes == 2)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) y[m * ldy + n] = job.y[2 * m * N + n] + job.y[(2 * m + 1) * N + n];
     free(xq);
     free(xd);
     return 0;

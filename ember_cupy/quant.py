@@ -159,13 +159,16 @@ def concat_rows(parts: list[QuantizedTensor]) -> QuantizedTensor:
     return QuantizedTensor(parts[0].qtype, data, (data.shape[0], parts[0].shape[1]))
 
 
-def fake_quantize_activations(x: np.ndarray) -> np.ndarray:
+def fake_quantize_activations(x: np.ndarray, passes: int = 1) -> np.ndarray:
     """x [M, K] float32 through the kernels' int8 activation blocks and back: per 32 values
-    d = max|x| / 127, q = rint(x / d) (as x * (1/d), the kernels' exact float32 steps)."""
+    d = max|x| / 127, q = rint(x / d) (as x * (1/d), the kernels' exact float32 steps). With
+    passes=2 the residual x - d q is quantized the same way and added (about 14 bits)."""
     rows, cols = x.shape
     blocks = np.ascontiguousarray(x, dtype=np.float32).reshape(rows, cols // BLOCK, BLOCK)
     d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127.0)
     with np.errstate(divide="ignore"):
         inverse = np.where(d != 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
-    q = np.rint(blocks * inverse)
-    return (q * d).reshape(rows, cols)
+    first = (np.rint(blocks * inverse) * d).reshape(rows, cols)
+    if passes == 1:
+        return first
+    return first.astype(np.float64) + fake_quantize_activations(x - first)

@@ -137,7 +137,7 @@ class HostLibrary:
         lib.ember_quantize_q8.argtypes = [c_void_p, c_int64, c_int64, c_int64, c_void_p, c_void_p, c_void_p]
         lib.ember_quantize_q8.restype = None
         lib.ember_matmul_q.argtypes = [c_void_p, c_int64, c_int64, c_int64, c_void_p, c_int64, c_int32,
-                                       c_void_p, c_int64]
+                                       c_void_p, c_int64, c_int32]
         lib.ember_matmul_q.restype = c_int
         for name, (argtypes, restype) in _EXTRA_SIGNATURES.items():
             function = getattr(lib, name, None)

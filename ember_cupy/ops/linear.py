@@ -27,11 +27,12 @@ def embedding(table, ids):
     return table[ids]
 
 
-def matmul_q(x: np.ndarray, weight: PackedWeight, library=None) -> np.ndarray:
-    """x [M, K] float32 @ weight[N, K]^T -> [M, N] float32; host kernel when one is active."""
+def matmul_q(x: np.ndarray, weight: PackedWeight, library=None, passes: int = 1) -> np.ndarray:
+    """x [M, K] float32 @ weight[N, K]^T -> [M, N] float32; host kernel when one is active.
+    passes=2 quantizes x in two int8 passes (x and its residual) for ~14-bit activations."""
     library = library or _host.active()
     if library is None:
-        return matmul_q_numpy(x, weight)
+        return matmul_q_numpy(x, weight, passes)
     _check(x, weight)
     if x.dtype != np.float32 or x.strides[-1] != 4:
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -39,16 +40,17 @@ def matmul_q(x: np.ndarray, weight: PackedWeight, library=None) -> np.ndarray:
     out = np.empty((x.shape[0], rows), dtype=np.float32)
     status = library.lib.ember_matmul_q(
         x.ctypes.data, x.shape[0], cols, x.strides[0] // 4, weight.data.ctypes.data, rows,
-        weight.kernel_type, out.ctypes.data, rows)
+        weight.kernel_type, out.ctypes.data, rows, passes)
     if status:
         raise RuntimeError(f"ember_matmul_q failed with status {status}")
     return out
 
 
-def matmul_q_numpy(x: np.ndarray, weight: PackedWeight) -> np.ndarray:
+def matmul_q_numpy(x: np.ndarray, weight: PackedWeight, passes: int = 1) -> np.ndarray:
     """The NumPy twin of the host kernel: the int8 activation blocks, and W as its blocks say."""
     _check(x, weight)
-    return fake_quantize_activations(np.asarray(x, dtype=np.float32)) @ weight.dequantize().T
+    x = fake_quantize_activations(np.asarray(x, dtype=np.float32), passes)
+    return (x @ weight.dequantize().T).astype(np.float32)
 
 
 def _check(x, weight: PackedWeight) -> None:
