@@ -69,7 +69,7 @@ def profiling(llm, clock: OpClock):
     names = _matrix_names(model)
     patched = {
         "ops": types.SimpleNamespace(**{n: clock.timed(n, getattr(ops, n)) for n in ops.__all__}),
-        "linear": clock.timed(lambda x, w: names.get(id(w), "gemm"), llama_module.linear),
+        "linear": clock.timed(lambda x, w, *rest: names.get(id(w), "gemm"), llama_module.linear),
         "embedding": clock.timed("embedding", llama_module.embedding),
     }
     saved = {name: getattr(llama_module, name) for name in patched}

@@ -45,9 +45,11 @@ class LayerWeights:
 
 class LlamaModel:
     def __init__(self, checkpoint: Checkpoint, xp=np, dtype=np.float32, quantization: str = "none",
-                 consume: bool = False):
+                 consume: bool = False, activation_passes: int = 2):
         """quantization: serving format of the matrices (ember_cupy/model/weights.py); consume:
-        drop each checkpoint tensor once converted, so that the weights are held once."""
+        drop each checkpoint tensor once converted, so that the weights are held once;
+        activation_passes: int8 passes over the input of a quantized matmul (ops/linear.py)."""
+        self.activation_passes = activation_passes
         self.config: ModelConfig = checkpoint.config
         self.xp = xp
         self.dtype = dtype
@@ -102,7 +104,8 @@ class LlamaModel:
                 x, residual = ops.fused_add_rms_norm(hidden, residual, layer.attn_norm, cfg.rms_norm_eps)
             hidden = self._attention(x, layer, batch, k_cache, v_cache)
             x, residual = ops.fused_add_rms_norm(hidden, residual, layer.ffn_norm, cfg.rms_norm_eps)
-            hidden = linear(ops.silu_and_mul(linear(x, layer.gate_up)), layer.down)
+            passes = self.activation_passes
+            hidden = linear(ops.silu_and_mul(linear(x, layer.gate_up, passes)), layer.down, passes)
         sampled_hidden = (hidden[batch.logits_indices], residual[batch.logits_indices])
         x, _ = ops.fused_add_rms_norm(*sampled_hidden, self.norm, cfg.rms_norm_eps)
         return self._logits(x)
@@ -111,7 +114,7 @@ class LlamaModel:
         """x @ lm_head.T. For 2-24 rows on NumPy, lm_head @ x.T over slices of 1024 vocab rows
         is 1.3-1.6x faster with OpenBLAS (measured): the big matrix is not packed in one go."""
         if is_quantized(self.lm_head):
-            return linear(x, self.lm_head)
+            return linear(x, self.lm_head, self.activation_passes)
         rows = x.shape[0]
         if self.xp is not np or not 2 <= rows <= 24:
             return x @ self.lm_head.T
@@ -124,7 +127,7 @@ class LlamaModel:
 
     def _attention(self, x, layer: LayerWeights, batch: BatchMetadata, k_cache, v_cache):
         cfg = self.config
-        qkv = linear(x, layer.qkv)
+        qkv = linear(x, layer.qkv, self.activation_passes)
         if layer.qkv_bias is not None:
             qkv += layer.qkv_bias
         num_tokens = x.shape[0]
@@ -135,4 +138,4 @@ class LlamaModel:
         ops.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         out = ops.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,
                                   batch.query_start_loc, self.scale)
-        return linear(out.reshape(num_tokens, cfg.q_size), layer.o)
+        return linear(out.reshape(num_tokens, cfg.q_size), layer.o, self.activation_passes)

@@ -13,10 +13,10 @@ from ember_cupy.ops import _host
 from ember_cupy.quant import PackedWeight, QuantizedTensor, fake_quantize_activations
 
 
-def linear(x, weight):
-    """x [T, in] -> [T, out]."""
+def linear(x, weight, passes: int = 1):
+    """x [T, in] -> [T, out]; `passes` int8 passes over x for a quantized weight (matmul_q)."""
     if isinstance(weight, PackedWeight):
-        return matmul_q(x, weight)
+        return matmul_q(x, weight, passes=passes)
     return x @ weight
 
 
