@@ -10,7 +10,7 @@ import re
 import sys
 import time
 
-from ember_cupy.config import DTYPES, POLICIES, QUANTIZATIONS, EngineConfig
+from ember_cupy.config import DTYPES, KV_CACHE_DTYPES, POLICIES, QUANTIZATIONS, EngineConfig
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
@@ -73,6 +73,9 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     _add(g, "--dtype", choices=DTYPES, default="auto",
          help="weights / KV dtype (auto: float32 on the CPU, float16 on CUDA; float16 is refused on the "
               "CPU, which has no BLAS for it)")
+    _add(g, "--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+         help="K/V cache storage (auto: float16 on the CPU with host kernels, halving KV memory and the "
+              "bytes attention reads, except with --quantization none; else the --dtype)")
     _add(g, "--quantization", choices=QUANTIZATIONS, default="auto",
          help="weight format: auto = as stored (GGUF blocks stay quantized, host kernels), "
               "none = dequantize to float (the exact reference), q8_0 = quantize every matrix")
@@ -127,7 +130,7 @@ def engine_config(args) -> EngineConfig:
                         kv_cache_memory=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
                         enable_prefix_caching=args.enable_prefix_caching, policy=args.policy,
                         max_waiting=args.max_waiting, dtype=args.dtype,
-                        quantization=args.quantization)
+                        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
 
 
 class ProgressBar:

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 POLICIES = ("fcfs", "sjf", "priority")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "float32", "float16")
 QUANTIZATIONS = ("auto", "none", "q8_0")
 
 
@@ -73,6 +74,10 @@ class EngineConfig:
     # Serving format of the weight matrices (ember_cupy/model/weights.py): auto = as stored
     # (GGUF blocks stay quantized), none = dequantized to float (the exact reference), q8_0.
     quantization: str = "auto"
+    # Storage of the K/V pools: auto = float16 on the NumPy backend with host kernels (half the
+    # bytes per block, and half what attention reads) unless quantization="none" (the exact fp32
+    # reference), else the model dtype (ember_cupy/ops/cache.py: resolve_kv_cache_dtype).
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self):
         _require(self.max_num_seqs >= 1, "EngineConfig.max_num_seqs must be >= 1")
@@ -91,6 +96,8 @@ class EngineConfig:
         _require(self.dtype in DTYPES, f"EngineConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
         _require(self.quantization in QUANTIZATIONS,
                  f"EngineConfig.quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
+                 f"EngineConfig.kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         _require(0.0 < self.gpu_memory_utilization <= 1.0,
                  "EngineConfig.gpu_memory_utilization must be in (0, 1]")
         _require(self.max_waiting is None or self.max_waiting >= 1,

@@ -171,3 +171,54 @@ def test_write_kv_rounds_into_the_cache_dtype(dtype):
     np.testing.assert_array_equal(flat_k[slots[keep]], key[keep].astype(dtype))
     np.testing.assert_array_equal(flat_v[slots[keep]], value[keep].astype(dtype))
     assert not flat_k[1].any()
+
+
+# ---- the 16-bit KV cache in the engine ---------------------------------------------------------
+E2E_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away,",
+               "1, 2, 3, 4,", "Q: What is the boiling point of water?\nA:",
+               "Summarise: " + "the quick brown fox jumps over the lazy dog. " * 30]
+
+
+def test_float16_kv_cache_gives_the_float32_greedy_tokens(make_llm):
+    """The real model, prompts prefilled in chunks (64 tokens a step) and batched decodes."""
+    from ember_cupy import SamplingParams
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    runs = {}
+    for dtype in ("float32", "float16"):
+        llm = make_llm(kv_cache_dtype=dtype, kv_cache_memory=64 << 20, max_num_batched_tokens=64)
+        assert all(k.dtype == dtype and v.dtype == dtype for k, v in llm.engine.runner.kv_caches)
+        runs[dtype] = [out.outputs[0].token_ids for out in llm.generate(E2E_PROMPTS, params)]
+        runs[dtype + " blocks"] = llm.engine.runner.num_blocks
+    assert runs["float16 blocks"] in (2 * runs["float32 blocks"], 2 * runs["float32 blocks"] + 1)
+    for prompt, f32, f16 in zip(E2E_PROMPTS, runs["float32"], runs["float16"]):
+        agree = next((i for i, (a, b) in enumerate(zip(f32, f16)) if a != b), len(f32))
+        assert agree >= 8, (prompt[:30], agree, f32, f16)
+
+
+def test_kv_cache_dtype_resolution():
+    from ember_cupy.ops.cache import resolve_kv_cache_dtype
+    host = _host.active() is not None
+    assert resolve_kv_cache_dtype("auto", np.float32, np, "auto") == (np.float16 if host else np.float32)
+    assert resolve_kv_cache_dtype("auto", np.float32, np, "q8_0") == (np.float16 if host else np.float32)
+    assert resolve_kv_cache_dtype("auto", np.float32, np, "none") == np.float32   # the exact reference
+    assert resolve_kv_cache_dtype("float32", np.float32, np, "auto") == np.float32
+    assert resolve_kv_cache_dtype("float16", np.float32, np, "none") == np.float16
+
+    class FakeCupy:   # any module other than numpy: the CUDA kernels keep the model dtype
+        pass
+    assert resolve_kv_cache_dtype("auto", np.float16, FakeCupy, "none") == np.float16
+    assert resolve_kv_cache_dtype("float32", np.float16, FakeCupy, "none") == np.float16
+
+
+def test_kv_cache_dtype_is_validated_and_reaches_the_config_from_the_cli():
+    from ember_cupy.cli import build_parser, engine_config
+    from ember_cupy.config import EngineConfig
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        EngineConfig(kv_cache_dtype="bfloat16")
+    assert EngineConfig().kv_cache_dtype == "auto"
+    for command in ("serve", "generate"):
+        args = build_parser().parse_args([command, "--kv-cache-dtype", "float16"])
+        assert engine_config(args).kv_cache_dtype == "float16"
+    assert engine_config(build_parser().parse_args(["serve"])).kv_cache_dtype == "auto"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--kv-cache-dtype", "int8"])

@@ -11,6 +11,7 @@ from ember_cupy.engine.scheduler import ScheduledBatch
 from ember_cupy.engine.sequence import Sequence
 from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.llama import BatchMetadata, LlamaModel
+from ember_cupy.ops.cache import resolve_kv_cache_dtype
 
 logger = logging.getLogger("ember_cupy.runner")
 
@@ -79,12 +80,13 @@ class ModelRunner:
         self.quantization = serving_quantization(config, xp)
         self.model = LlamaModel(checkpoint, xp=xp, dtype=dtype, quantization=self.quantization,
                                 consume=consume_checkpoint)
-        itemsize = dtype.itemsize
+        kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype, xp, self.quantization)
+        itemsize = kv_dtype.itemsize
         pool_bytes = config.kv_cache_memory if xp is np else device_kv_bytes(config, self.model_config, itemsize)
         self.num_blocks = config.num_kv_blocks or max(
             1, pool_bytes // kv_block_bytes(self.model_config, config.block_size, itemsize))
         shape = (self.num_blocks, config.block_size, self.model_config.num_kv_heads, self.model_config.head_dim)
-        self.kv_caches = [(xp.zeros(shape, dtype), xp.zeros(shape, dtype))
+        self.kv_caches = [(xp.zeros(shape, kv_dtype), xp.zeros(shape, kv_dtype))
                           for _ in range(self.model_config.num_layers)]
 
     def execute(self, batch: ScheduledBatch) -> StepLogits:
