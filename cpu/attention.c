@@ -12,7 +12,14 @@
  * KEY_CHUNK with an online softmax in fp32 (running max, sum and unnormalised output per row).
  * A sequence with a single query tile (decodes, short chunks) is further split into key ranges
  * of KEY_SPLIT keys whose partial results are merged in a fixed order, so that a lone decode
- * sequence still gives every thread work.
+ * sequence still gives every thread work. Items run on the host kernels' thread pool
+ * (cpu/threadpool.h), longest first, each thread claiming the next from a shared counter; the
+ * next chunk's K/V rows are prefetched while a chunk is computed (decode is bandwidth-bound).
+ *
+ * SIMD: with AVX2+FMA (and head_dim a multiple of 8) scores are 8 keys per dot8 (8 accumulators,
+ * one horizontal transpose-reduce), exp is a vectorised Cephes polynomial, and V rows are
+ * accumulated into 8 registers per 64 dims; F16C converts f16 pages. The portable path is plain C
+ * (expf, 8 partial sums per dot) that any compiler builds.
  *
  * Batch invariance: tiles and key ranges are cut from the sequence's own q_len and context
  * length only, and every output element is computed in the same order whatever else is in the
