@@ -168,8 +168,8 @@ static void row_chunk_avx2(const float *q, float *acc, float *m, float *l, const
         _mm256_storeu_ps(s + c, p);
         sum = _mm256_add_ps(sum, p);
     }
-    const int rescale = m_new != m_old;
-    const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+    const int rescale = m_new != m_old;   /* the running max moved: rescale the sum and output */
+    const float alpha = !rescale ? 1.0f : m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
     *l = (rescale ? *l * alpha : *l) + hsum256(sum);
     *m = m_new;
     int d0 = 0;
