@@ -79,6 +79,9 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     _add(g, "--quantization", choices=QUANTIZATIONS, default="auto",
          help="weight format: auto = as stored (GGUF blocks stay quantized, host kernels), "
               "none = dequantize to float (the exact reference), q8_0 = quantize every matrix")
+    _add(g, "--activation-passes", type=int, choices=(1, 2), default=2,
+         help="int8 passes over a quantized matmul's input: 2 = value + residual (~14 bits, faithful), "
+              "1 = llama.cpp's single pass (faster batches, less faithful)")
     _add(g, "--no-progress", action="store_true", default=False, help="no progress bar while loading")
 
 
@@ -130,7 +133,8 @@ def engine_config(args) -> EngineConfig:
                         kv_cache_memory=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
                         enable_prefix_caching=args.enable_prefix_caching, policy=args.policy,
                         max_waiting=args.max_waiting, dtype=args.dtype,
-                        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
+                        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+                        activation_passes=args.activation_passes)
 
 
 class ProgressBar:

@@ -79,7 +79,7 @@ class ModelRunner:
             _configure_cupy()
         self.quantization = serving_quantization(config, xp)
         self.model = LlamaModel(checkpoint, xp=xp, dtype=dtype, quantization=self.quantization,
-                                consume=consume_checkpoint)
+                                consume=consume_checkpoint, activation_passes=config.activation_passes)
         kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype, xp, self.quantization)
         itemsize = kv_dtype.itemsize
         pool_bytes = config.kv_cache_memory if xp is np else device_kv_bytes(config, self.model_config, itemsize)
