@@ -222,3 +222,11 @@ def test_kv_cache_dtype_is_validated_and_reaches_the_config_from_the_cli():
     assert engine_config(build_parser().parse_args(["serve"])).kv_cache_dtype == "auto"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--kv-cache-dtype", "int8"])
+
+
+def test_query_start_loc_past_the_queries_is_refused(library):
+    rng = np.random.default_rng(4)
+    args, _ = make_batch(rng, [(40, 3)])
+    q, k_cache, v_cache, tables, lens, starts, scale = args
+    with pytest.raises(ValueError, match="query_start_loc"):
+        paged_attention_host(q[:2], k_cache, v_cache, tables, lens, starts, scale, library)

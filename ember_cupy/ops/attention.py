@@ -87,9 +87,10 @@ def paged_attention_host(q, k_cache, v_cache, block_tables, context_lens, query_
     tables = np.ascontiguousarray(block_tables, dtype=np.int32)
     lens = np.ascontiguousarray(context_lens, dtype=np.int32)
     starts = np.ascontiguousarray(query_start_loc, dtype=np.int32)
-    if tables.ndim != 2 or len(starts) != len(lens) + 1 or len(tables) < len(lens):
+    if (tables.ndim != 2 or len(starts) != len(lens) + 1 or len(tables) < len(lens)
+            or (len(lens) and int(starts[-1]) > num_tokens)):
         raise ValueError("paged_attention_host: query_start_loc must have num_seqs + 1 entries "
-                         "and block_tables a row per sequence")
+                         "within q's tokens and block_tables a row per sequence")
     if not num_tokens:
         return out
     function = library.lib.ember_paged_attention
