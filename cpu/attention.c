@@ -32,7 +32,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-int ember_max_threads(void);   /* cpu/threadpool.c: threads of the pool (the caller included) */
+
 
 #define KEY_CHUNK 32      /* keys scored together: one softmax rescale per row and chunk */
 #define QUERY_TILE 16     /* queries per work item of a multi-tile (prefill) sequence */

@@ -22,6 +22,9 @@
 #define MR 4                         /* rows of x per tile */
 #define GROUPS_PER_TASK 4            /* 32 weight rows per thread task */
 #define M_CHUNK 128                  /* rows of x whose int8 blocks stay in L2 */
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 1024          /* weights streamed from DRAM: ask for them this far ahead */
+#endif
 enum { WTYPE_Q8_0 = 0, WTYPE_Q4_1 = 1 };
 static const int64_t RECORD_BYTES[] = {16 + 256, 32 + 128};
 
@@ -89,6 +92,9 @@ static inline __attribute__((always_inline)) void group_tile(
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *rec = g + b * rb;
+        _mm_prefetch((const char *)(rec + PREFETCH_BYTES), _MM_HINT_T0);
+        _mm_prefetch((const char *)(rec + PREFETCH_BYTES + 64), _MM_HINT_T0);
+        _mm_prefetch((const char *)(rec + PREFETCH_BYTES + 128), _MM_HINT_T0);
         const __m256 dw = load_f16x8(rec);
         __m256i isum[MR];
         if (wtype == WTYPE_Q4_1) {

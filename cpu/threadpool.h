@@ -12,4 +12,7 @@ typedef void (*ember_range_fn)(void *ctx, int64_t begin, int64_t end);
  * ranges are done. The split depends only on n and the thread count. */
 void ember_parallel_for(int64_t n, ember_range_fn fn, void *ctx);
 
+/* Threads of the pool, the caller included. */
+int ember_max_threads(void);
+
 #endif

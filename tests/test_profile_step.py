@@ -34,7 +34,7 @@ def test_profiling_times_every_op_and_changes_nothing(make_llm):
 
 
 def test_cli_reports_every_op_for_decode_steps(capsys):
-    assert profile_step.main(["--batch", "2", "--context", "20", "--steps", "3", "--json"]) == 0
+    assert profile_step.main(["--batch", "2", "--context", "20", "--steps", "3", "--json", "--op-by-op"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["mode"] == "decode" and result["batch"] == 2
     assert OPS <= set(result["ops_ms"])

@@ -8,8 +8,9 @@ Decode: `--batch` sequences with prompts of about `--context` tokens are prefill
 max_tokens=1. Prints ms per step for every GEMM, attention, norms, RoPE, KV write and SiLU.
 
 The real forward is timed: while profiling, the functions LlamaModel.forward calls (the ops, the
-linear layers, the embedding) are replaced in its module by timed wrappers, so nothing is copied
-and profiling off costs nothing. "python" is the forward's time outside those calls; "engine"
+linear layers, the embedding, the fused layer call) are replaced in its module by timed wrappers,
+so nothing is copied and profiling off costs nothing. By default the layers run as the engine
+runs them, one host-kernel call each (cpu/layer.c); --op-by-op runs its op-by-op twin instead. "python" is the forward's time outside those calls; "engine"
 is the step's time outside the forward (scheduling, sampling, detokenizing).
 """
 from __future__ import annotations
@@ -63,14 +64,17 @@ def _matrix_names(model) -> dict[int, str]:
 
 
 @contextlib.contextmanager
-def profiling(llm, clock: OpClock):
-    """Time llm's forward passes op by op while the block runs."""
+def profiling(llm, clock: OpClock, op_by_op: bool = True):
+    """Time llm's forward passes while the block runs: op by op (the model's unfused twin path),
+    or with the decoder layers as the single host-kernel call the engine makes by default."""
     model = llm.engine.runner.model
+    model.fuse_layers = not op_by_op
     names = _matrix_names(model)
     patched = {
         "ops": types.SimpleNamespace(**{n: clock.timed(n, getattr(ops, n)) for n in ops.__all__}),
         "linear": clock.timed(lambda x, w, *rest: names.get(id(w), "gemm"), llama_module.linear),
         "embedding": clock.timed("embedding", llama_module.embedding),
+        "llama_layer": clock.timed("decoder layers (one call each)", llama_module.llama_layer),
     }
     saved = {name: getattr(llama_module, name) for name in patched}
     forward, logits = model.forward, model._logits
@@ -91,7 +95,7 @@ def profiling(llm, clock: OpClock):
     finally:
         for name, value in saved.items():
             setattr(llama_module, name, value)
-        del model.forward, model._logits
+        del model.forward, model._logits, model.fuse_layers
 
 
 def profile_decode(llm, batch: int, context: int, steps: int, clock: OpClock, total) -> tuple[float, int]:
@@ -131,13 +135,15 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="decode steps to time")
     ap.add_argument("--prefill", action="store_true", help="time one prefill instead")
     ap.add_argument("--quantization", default="auto", choices=["auto", "none", "q8_0"])
+    ap.add_argument("--op-by-op", action="store_true",
+                    help="run the layers op by op (the fused layer's twin) to see each op's share")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     from ember_cupy import LLM
     llm = LLM(args.model, max_num_seqs=max(64, args.batch), enable_prefix_caching=False,
               quantization=args.quantization)
     clock = OpClock()
-    with profiling(llm, clock) as total:
+    with profiling(llm, clock, op_by_op=args.op_by_op) as total:
         if args.prefill:
             seconds, steps = profile_prefill(llm, args.context, clock, total)
         else:

@@ -14,6 +14,8 @@ from ember_cupy import ops
 from ember_cupy.config import ModelConfig
 from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.weights import is_quantized, linear_weight, vocab_matrix
+from ember_cupy.ops import _host
+from ember_cupy.ops.layer import layer_args, llama_layer, step_args
 from ember_cupy.ops.linear import embedding, linear
 
 
@@ -95,6 +97,9 @@ class LlamaModel:
         """input_ids [T] -> logits [len(logits_indices), vocab] (float32)."""
         cfg = self.config
         hidden = embedding(self.embed, input_ids)
+        fused = self._fused_layers(kv_caches)
+        if fused is not None:
+            return self._forward_fused(hidden, batch, fused)
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             if residual is None:
@@ -108,6 +113,36 @@ class LlamaModel:
             hidden = linear(ops.silu_and_mul(linear(x, layer.gate_up, passes)), layer.down, passes)
         sampled_hidden = (hidden[batch.logits_indices], residual[batch.logits_indices])
         x, _ = ops.fused_add_rms_norm(*sampled_hidden, self.norm, cfg.rms_norm_eps)
+        return self._logits(x)
+
+    # --- one host-kernel call per layer (ops/layer.py); the loop above is its twin ---------
+    fuse_layers = True      # tools/profile_step.py turns it off to time the ops one by one
+
+    def _fused_layers(self, kv_caches):
+        if not self.fuse_layers or self.xp is not np:
+            return None
+        library = _host.active()
+        if library is None:
+            return None
+        key = tuple(id(k) for k, _ in kv_caches)
+        if getattr(self, "_fused_key", None) != key:
+            args = [layer_args(layer, k, v) for layer, (k, v) in zip(self.layers, kv_caches)]
+            self._fused = None if any(a is None for a in args) else (library, args, kv_caches)
+            self._fused_key = key
+        return self._fused
+
+    def _forward_fused(self, hidden, batch: BatchMetadata, fused):
+        library, args, kv_caches = fused
+        cfg = self.config
+        hidden = np.ascontiguousarray(hidden, dtype=np.float32)
+        residual = np.empty_like(hidden)
+        step, keep = step_args(cfg, batch, hidden.shape[0], kv_caches[0][0], self.cos_sin_cache,
+                               self.scale, self.activation_passes)
+        for index, layer_weights in enumerate(args):
+            llama_layer(library, layer_weights, step, hidden, residual, index == 0)
+        del keep
+        sampled = (hidden[batch.logits_indices], residual[batch.logits_indices])
+        x, _ = ops.fused_add_rms_norm(*sampled, self.norm, cfg.rms_norm_eps)
         return self._logits(x)
 
     def _logits(self, x):
