@@ -96,9 +96,23 @@ class PackedWeight:
         if rows is None:
             return self.to_gguf().dequantize()
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if self.qtype == "Q8_0":
+            return self._q8_0_rows(rows)
         groups, position = np.unique(rows // ROWS_PER_GROUP, return_inverse=True)
         subset = PackedWeight(self.qtype, self.data[groups], (len(groups) * ROWS_PER_GROUP, self.shape[1]))
         return subset.to_gguf().dequantize(position * ROWS_PER_GROUP + rows % ROWS_PER_GROUP)
+
+
+    def _q8_0_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Q8_0 rows straight from the interleaved records (an embedding lookup per step)."""
+        nb = self.shape[1] // BLOCK
+        records = self.data.reshape(-1, nb, 272)[rows // ROWS_PER_GROUP]            # [R, nb, 272]
+        lane = rows % ROWS_PER_GROUP
+        scales = records[:, :, :16].view(np.float16)[np.arange(len(rows)), :, lane]   # [R, nb]
+        values = records[:, :, 16:].view(np.int8).reshape(len(rows), nb, 8, 8, 4)    # [R, nb, j, r, i]
+        values = values[np.arange(len(rows)), :, :, lane]                            # [R, nb, j, i]
+        return (values.reshape(len(rows), nb, BLOCK) * scales[..., None].astype(np.float32)).reshape(
+            len(rows), self.shape[1]).astype(np.float32)
 
 
 def pack(tensor: QuantizedTensor) -> PackedWeight:
