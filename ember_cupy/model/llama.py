@@ -14,7 +14,7 @@ from ember_cupy import ops
 from ember_cupy.config import ModelConfig
 from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.weights import is_quantized, linear_weight, vocab_matrix
-from ember_cupy.ops import _host
+from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops.layer import layer_args, llama_layer, step_args
 from ember_cupy.ops.linear import embedding, linear
 
@@ -97,7 +97,7 @@ class LlamaModel:
         """input_ids [T] -> logits [len(logits_indices), vocab] (float32)."""
         cfg = self.config
         hidden = embedding(self.embed, input_ids)
-        fused = self._fused_layers(kv_caches)
+        fused = None if _cuda.wants_kernel(hidden) else self._fused_layers(kv_caches)
         if fused is not None:
             return self._forward_fused(hidden, batch, fused)
         residual = None

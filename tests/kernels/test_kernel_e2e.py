@@ -35,8 +35,11 @@ class _Recorder:
 
 
 def generate(checkpoint, provider=None):
+    # as the CuPy backend serves it: fp32 matrices (quantized activations would turn the kernels'
+    # last-bit differences into int8 rounding flips) and the KV cache in the activations' dtype
     engine = LLMEngine(checkpoint, EngineConfig(max_num_batched_tokens=16, num_kv_blocks=32,
-                                                block_size=BLOCK_SIZE))
+                                                block_size=BLOCK_SIZE, kv_cache_dtype="float32",
+                                                quantization="none"))
     logits, chunks = [], []
     execute = engine.runner.execute
 
