@@ -110,3 +110,17 @@ def test_missing_and_unsupported_files_name_the_problem(tmp_path):
     bad.write_bytes(b"x")
     with pytest.raises(ValueError, match="weights.bin"):
         load_checkpoint(str(bad))
+
+
+def test_the_file_is_not_kept_mapped_once_loaded():
+    """Nothing the model keeps may be a view into the GGUF's mmap: the whole file's pages would
+    stay resident (~100 MB of RSS for the default model)."""
+    import gc
+
+    from ember_cupy import LLM
+    from ember_cupy.model.loader import default_model_path
+    llm = LLM(num_kv_blocks=64)
+    gc.collect()
+    with open("/proc/self/maps") as maps:
+        assert default_model_path() not in maps.read()
+    assert llm.engine.runner.model.weight_bytes() < 110e6

@@ -141,7 +141,7 @@ def _dequantize(tensor) -> np.ndarray:
 
     raw = tensor.data
     if tensor.tensor_type == QT.F32:
-        data = np.asarray(raw, dtype=np.float32)
+        data = np.array(raw, dtype=np.float32)   # a copy: a view would keep the whole file mapped
     elif tensor.tensor_type in (QT.F16, QT.BF16) or tensor.tensor_type.name.startswith(("Q", "I", "T")):
         data = dequantize(raw, tensor.tensor_type).astype(np.float32, copy=False)
     else:
