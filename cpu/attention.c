@@ -86,26 +86,6 @@ static inline float hmax256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* exp(x) for x <= 0 (Cephes expf, ~1 ulp); x below -88.37 (and -inf) gives exactly 0. */
-static inline __m256 exp256(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-88.3762626647949f);
-    const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
-    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), lo);
-    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    const __m256 z = _mm256_mul_ps(x, x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    const __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(n)), keep);
-}
-
 /* Scores of one query row against 8 keys: [q.k0, ..., q.k7]. D is a multiple of 8. */
 static inline __m256 dot8(const float *q, const float *const *k, int D) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
@@ -164,7 +144,7 @@ static void row_chunk_avx2(const float *q, float *acc, float *m, float *l, const
     const __m256 mv = _mm256_set1_ps(m_new);
     __m256 sum = _mm256_setzero_ps();
     for (c = 0; c < padded; c += 8) {
-        const __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + c), mv));
+        const __m256 p = ember_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + c), mv));
         _mm256_storeu_ps(s + c, p);
         sum = _mm256_add_ps(sum, p);
     }

@@ -64,7 +64,7 @@ EMBER_EXPORT int ember_llama_layer(const LayerWeights *w, const StepArgs *s, flo
     const int64_t T = s->tokens, H = s->hidden, I = s->inter, D = s->head_dim;
     const int64_t q_size = (int64_t)s->heads * D, kv_size = (int64_t)s->kv_heads * D, qkv_size = q_size + 2 * kv_size;
     if (T == 0) return 0;
-    for (int64_t t = 0; t < T; t++) {                 /* positions index the cos/sin rows */
+    for (int64_t t = 0; t < T; t++) {                 /* every new K/V row lands inside the pool */
         if (s->slot_mapping[t] >= s->num_blocks * s->block_size) return 30;
     }
     float *x = malloc(sizeof(float) * (size_t)(T * H));

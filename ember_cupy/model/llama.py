@@ -52,6 +52,7 @@ class LlamaModel:
         drop each checkpoint tensor once converted, so that the weights are held once;
         activation_passes: int8 passes over the input of a quantized matmul (ops/linear.py)."""
         self.activation_passes = activation_passes
+        self._fused_key, self._fused = None, None     # per-layer host-call arguments, per KV pool
         self.config: ModelConfig = checkpoint.config
         self.xp = xp
         self.dtype = dtype
@@ -125,7 +126,7 @@ class LlamaModel:
         if library is None:
             return None
         key = tuple(id(k) for k, _ in kv_caches)
-        if getattr(self, "_fused_key", None) != key:
+        if self._fused_key != key:
             args = [layer_args(layer, k, v) for layer, (k, v) in zip(self.layers, kv_caches)]
             self._fused = None if any(a is None for a in args) else (library, args, kv_caches)
             self._fused_key = key

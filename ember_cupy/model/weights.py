@@ -45,7 +45,3 @@ def vocab_matrix(weight, quantization: str, put):
 
 def is_quantized(weight) -> bool:
     return isinstance(weight, PackedWeight)
-
-
-def nbytes(weight) -> int:
-    return int(weight.nbytes)

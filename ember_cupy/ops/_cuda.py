@@ -11,21 +11,13 @@ import contextlib
 import hashlib
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 
-def _find_source_dir() -> Path:
-    """cuda/ of a source checkout (editable install), else the copy a wheel installs as data."""
-    if "EMBER_CUDA_SOURCES" in os.environ:
-        return Path(os.environ["EMBER_CUDA_SOURCES"])
-    checkout = Path(__file__).resolve().parents[2] / "cuda"
-    installed = Path(sys.prefix) / "share" / "ember_cupy" / "cuda"
-    return checkout if checkout.is_dir() or not installed.is_dir() else installed
+from ember_cupy.ops._sources import kernel_source_dir
 
-
-CUDA_SOURCE_DIR = _find_source_dir()
+CUDA_SOURCE_DIR = kernel_source_dir("cuda", "EMBER_CUDA_SOURCES")
 NVRTC_OPTIONS = ("-std=c++17",)
 
 _provider = None

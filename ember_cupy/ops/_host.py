@@ -16,8 +16,11 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
+
+import numpy as np
+
+from ember_cupy.ops._sources import kernel_source_dir
 
 logger = logging.getLogger("ember_cupy.host")
 
@@ -39,15 +42,7 @@ class HostKernelError(RuntimeError):
     """The host kernels cannot be built or loaded here."""
 
 
-def _find_source_dir() -> Path:
-    if "EMBER_HOST_SOURCES" in os.environ:
-        return Path(os.environ["EMBER_HOST_SOURCES"])
-    checkout = Path(__file__).resolve().parents[2] / "cpu"
-    installed = Path(sys.prefix) / "share" / "ember_cupy" / "cpu"
-    return checkout if checkout.is_dir() or not installed.is_dir() else installed
-
-
-HOST_SOURCE_DIR = _find_source_dir()
+HOST_SOURCE_DIR = kernel_source_dir("cpu", "EMBER_HOST_SOURCES")
 
 
 def cpu_flags() -> set[str]:
@@ -192,7 +187,6 @@ def active() -> HostLibrary | None:
 
 def rows_f32(*arrays) -> bool:
     """True when every array is float32 with a dense last axis (and 2-D arrays step whole rows)."""
-    import numpy as np
     return all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.strides[-1] == 4
                and (a.ndim == 1 or (a.ndim == 2 and a.strides[0] % 4 == 0)) for a in arrays)
 

@@ -59,7 +59,7 @@ _HOST_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,                     # tables
                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_float]    # lens, qsl, S, scale
 _host.register_signature("ember_paged_attention", _HOST_ARGTYPES, ctypes.c_int)
-_HOST_CACHE_DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
+HOST_CACHE_DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
 _HOST_ERRORS = {1: "bad shape", 2: "bad query_start_loc / context_lens", 3: "a block id out of range",
                 4: "out of memory"}
 
@@ -67,7 +67,7 @@ _HOST_ERRORS = {1: "bad shape", 2: "bad query_start_loc / context_lens", 3: "a b
 def _host_kernel_applies(q, k_cache, v_cache) -> bool:
     return (q.dtype == np.float32 and q.ndim == 3 and q.strides[-1] == 4
             and q.strides[0] % 4 == 0 and q.strides[1] % 4 == 0
-            and k_cache.dtype in _HOST_CACHE_DTYPES and v_cache.dtype == k_cache.dtype
+            and k_cache.dtype in HOST_CACHE_DTYPES and v_cache.dtype == k_cache.dtype
             and k_cache.shape == v_cache.shape and k_cache.ndim == 4
             and k_cache.flags.c_contiguous and v_cache.flags.c_contiguous)
 
@@ -98,7 +98,7 @@ def paged_attention_host(q, k_cache, v_cache, block_tables, context_lens, query_
         function.argtypes, function.restype = _HOST_ARGTYPES, ctypes.c_int
     status = function(
         out.ctypes.data, q.ctypes.data, q.strides[0] // 4, q.strides[1] // 4,
-        k_cache.ctypes.data, v_cache.ctypes.data, _HOST_CACHE_DTYPES[k_cache.dtype], num_blocks,
+        k_cache.ctypes.data, v_cache.ctypes.data, HOST_CACHE_DTYPES[k_cache.dtype], num_blocks,
         block_size, num_heads, num_kv_heads, head_dim,
         tables.ctypes.data, tables.shape[1], tables.shape[1],
         lens.ctypes.data, starts.ctypes.data, len(lens), float(scale))

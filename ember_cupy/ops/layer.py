@@ -8,6 +8,7 @@ import ctypes
 import numpy as np
 
 from ember_cupy.ops import _host
+from ember_cupy.ops.attention import HOST_CACHE_DTYPES
 from ember_cupy.quant import PackedWeight
 
 _P, _I32, _I64, _F = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float
@@ -29,7 +30,6 @@ class StepArgs(ctypes.Structure):
 
 
 _host.register_signature("ember_llama_layer", [_P, _P, _P, _P, _I32], ctypes.c_int)
-_CACHE_F16 = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
 
 
 def layer_args(layer, k_cache: np.ndarray, v_cache: np.ndarray) -> LayerWeightsArgs | None:
@@ -38,7 +38,7 @@ def layer_args(layer, k_cache: np.ndarray, v_cache: np.ndarray) -> LayerWeightsA
     floats = [layer.attn_norm, layer.ffn_norm] + ([] if layer.qkv_bias is None else [layer.qkv_bias])
     if not all(isinstance(m, PackedWeight) for m in matrices) or not _host.rows_f32(*floats):
         return None
-    if k_cache.dtype not in _CACHE_F16 or not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
+    if k_cache.dtype not in HOST_CACHE_DTYPES or not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
         return None
     return LayerWeightsArgs(
         layer.attn_norm.ctypes.data, layer.ffn_norm.ctypes.data,
@@ -57,7 +57,7 @@ def step_args(config, batch, num_tokens: int, k_cache: np.ndarray, cos_sin: np.n
         raise ValueError("llama_layer: a position outside the cos/sin cache")
     args = StepArgs(
         num_tokens, config.hidden_size, config.intermediate_size, config.num_heads, config.num_kv_heads,
-        config.head_dim, passes, 1, _CACHE_F16[k_cache.dtype], k_cache.shape[1], len(lens),
+        config.head_dim, passes, 1, HOST_CACHE_DTYPES[k_cache.dtype], k_cache.shape[1], len(lens),
         tables.shape[1], k_cache.shape[0], tables.shape[1], config.rms_norm_eps, scale,
         positions.ctypes.data, slots.ctypes.data, tables.ctypes.data, lens.ctypes.data,
         starts.ctypes.data, cos_sin.ctypes.data)
