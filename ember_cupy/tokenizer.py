@@ -67,7 +67,7 @@ class Tokenizer:
     # --- construction -------------------------------------------------------------------
     @classmethod
     def from_gguf(cls, reader) -> "Tokenizer":
-        from ember_cupy.model.gguf_loader import field_value
+        from ember_cupy.gguf_metadata import field_value
         kind = field_value(reader, "tokenizer.ggml.model")
         if kind != "gpt2":
             raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")

@@ -10,6 +10,7 @@ import re
 import numpy as np
 
 from ember_cupy.config import ModelConfig
+from ember_cupy.gguf_metadata import field_value
 from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, prepare_linear_weights
 from ember_cupy.quant import QuantizedTensor
 
@@ -44,11 +45,6 @@ def _open_reader(path: str):
             self._plain_data = value.view(np.ndarray)
 
     return PlainArrayReader(path)
-
-
-def field_value(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
 
 
 def load_gguf(path: str, progress: ProgressCallback | None = None) -> Checkpoint:
