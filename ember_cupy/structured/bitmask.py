@@ -1,0 +1,71 @@
+"""Token bitmasks: filled by the sequences' constraints, applied to the logits.
+
+A bitmask row holds ceil(V / 32) int32 words; token t is allowed when bit t % 32 of word t // 32
+is set (llguidance's layout). `apply_token_bitmask` sets every disallowed logit of the masked rows
+to -inf, in place: on the device with the kernel of cuda/sampling.cu (only the mask travels, 6 KB a
+row at 49k tokens, not the logits), on the host with its NumPy twin.
+"""
+from __future__ import annotations
+
+import llguidance
+import llguidance.numpy as llg_numpy
+import numpy as np
+
+from ember_cupy.ops import _cuda
+
+_THREADS = 256
+_executor: llguidance.LLExecutor | None = None
+
+
+def fill_bitmasks(constraints: list, vocab_size: int) -> np.ndarray:
+    """One bitmask row per constraint, in order; several at once on llguidance's threads."""
+    global _executor
+    bitmask = llg_numpy.allocate_token_bitmask(len(constraints), vocab_size)
+    if len(constraints) == 1:
+        constraints[0].fill_bitmask(bitmask, 0)
+        return bitmask
+    if _executor is None:
+        _executor = llguidance.LLExecutor()
+    llg_numpy.fill_next_token_bitmask_par(_executor, [(c.matcher, i) for i, c in enumerate(constraints)],
+                                          bitmask)
+    return bitmask
+
+
+def apply_token_bitmask(logits, bitmask: np.ndarray, rows: np.ndarray) -> None:
+    """logits[rows[i], t] = -inf where bit t of bitmask[i] is clear, in place."""
+    if _cuda.wants_kernel(logits):
+        apply_token_bitmask_kernel(logits, bitmask, rows)
+    else:
+        apply_token_bitmask_numpy(logits, bitmask, rows)
+
+
+def apply_token_bitmask_numpy(logits: np.ndarray, bitmask: np.ndarray, rows: np.ndarray) -> None:
+    vocab = logits.shape[1]
+    allowed = np.unpackbits(np.ascontiguousarray(bitmask, dtype=np.int32).view(np.uint8), axis=1,
+                            bitorder="little")[:, :vocab].astype(bool)
+    if allowed.shape[1] < vocab:        # a mask narrower than the logits allows nothing beyond it
+        allowed = np.pad(allowed, ((0, 0), (0, vocab - allowed.shape[1])))
+    block = logits[rows]
+    np.putmask(block, ~allowed, -np.inf)
+    logits[rows] = block
+
+
+def apply_token_bitmask_kernel(logits, bitmask: np.ndarray, rows: np.ndarray) -> None:
+    """cuda/sampling.cu's apply_token_bitmask on a C-contiguous float32 logits matrix."""
+    xp = _array_module(logits)
+    if logits.dtype != np.float32 or not logits.flags.c_contiguous:
+        raise ValueError("apply_token_bitmask: logits must be a C-contiguous float32 matrix")
+    num_rows, vocab = len(rows), logits.shape[1]
+    words = bitmask.shape[1]
+    mask = xp.asarray(np.ascontiguousarray(bitmask, dtype=np.int32))
+    row_ids = xp.asarray(np.ascontiguousarray(rows, dtype=np.int32))
+    grid = ((vocab + _THREADS - 1) // _THREADS, num_rows)
+    kernel = _cuda.function("sampling.cu", "apply_token_bitmask")
+    kernel(grid, (_THREADS,), (logits, mask, row_ids, np.int32(vocab), np.int32(words)))
+
+
+def _array_module(array):
+    if isinstance(array, np.ndarray):
+        return np
+    import cupy
+    return cupy
