@@ -6,50 +6,32 @@ import json
 import os
 import re
 
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import decoders
 from tokenizers import Tokenizer as _HFTokenizer
 
 from ember_cupy.chat_template import ChatTemplate
+from ember_cupy.gguf_vocab import CONTROL, SPACE, adds_bos, build_gguf_tokenizer
 
 # Tokens that end generation when the model emits them (llama.cpp's EOG set, by text).
 EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>",
              "</s>", "<end_of_turn>", "<|end|>")
 
-_GPT2_PATTERN = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+")
-_LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                   r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
-# GGUF token types (llama.cpp's llama_token_type).
-_CONTROL, _USER_DEFINED = 3, 4
-
-
-def _split(pattern: str) -> pre_tokenizers.PreTokenizer:
-    return pre_tokenizers.Split(Regex(pattern), behavior="isolated")
-
-
-def _byte_level(use_regex: bool) -> pre_tokenizers.PreTokenizer:
-    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=use_regex)
-
-
-def _gguf_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
-    """llama.cpp's pre-tokenizer for a GGUF `tokenizer.ggml.pre` value."""
-    if pre == "smollm":  # every digit on its own, then GPT-2 byte-level
-        return pre_tokenizers.Sequence([_split(r"\p{N}"), _byte_level(True)])
-    if pre in ("llama-bpe", "llama3", "smaug-bpe"):
-        return pre_tokenizers.Sequence([_split(_LLAMA3_PATTERN), _byte_level(False)])
-    if pre == "qwen2":
-        return pre_tokenizers.Sequence([_split(_QWEN2_PATTERN), _byte_level(False)])
-    return pre_tokenizers.Sequence([_split(_GPT2_PATTERN), _byte_level(False)])
+class ChatPrompt(str):
+    """A prompt rendered by the chat template. The template writes the model's special tokens
+    (BOS included) into the text, so it is encoded without adding them again, as vLLM encodes
+    chat prompts (add_special_tokens=False)."""
 
 
 class Tokenizer:
     """Text <-> token ids, special tokens, EOS set and chat template of one model."""
 
     def __init__(self, hf: _HFTokenizer, *, bos_token_id: int | None, eos_token_ids: tuple[int, ...],
-                 add_bos_token: bool, chat_template: str | None):
+                 add_bos_token: bool, chat_template: str | None, post_processor_adds: bool = False):
+        """post_processor_adds: hf's own post-processor adds the special tokens (a tokenizer.json
+        with e.g. a TemplateProcessing BOS); else BOS is added here when add_bos_token."""
         self._hf = hf
+        self._post_processor_adds = post_processor_adds
         self.bos_token_id = bos_token_id
         self.eos_token_ids = tuple(dict.fromkeys(eos_token_ids))
         self.add_bos_token = add_bos_token
@@ -68,25 +50,15 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, reader) -> "Tokenizer":
         from ember_cupy.gguf_metadata import field_value
-        kind = field_value(reader, "tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
+        hf = build_gguf_tokenizer(reader)
         tokens = field_value(reader, "tokenizer.ggml.tokens")
         types = field_value(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
-        merges = [tuple(m.split(" ", 1)) for m in field_value(reader, "tokenizer.ggml.merges")]
-        bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False)
-        hf = _HFTokenizer(bpe)
-        hf.pre_tokenizer = _gguf_pre_tokenizer(field_value(reader, "tokenizer.ggml.pre", "default"))
-        hf.decoder = decoders.ByteLevel()
-        hf.add_tokens([AddedToken(tokens[i], special=types[i] == _CONTROL, normalized=False)
-                       for i in range(len(tokens)) if types[i] in (_CONTROL, _USER_DEFINED)])
         eos = field_value(reader, "tokenizer.ggml.eos_token_id")
         eot = field_value(reader, "tokenizer.ggml.eot_token_id")
         eog = [i for i in (eos, eot) if i is not None]
-        eog += [i for i, t in enumerate(tokens) if types[i] == _CONTROL and t in EOG_TEXTS]
+        eog += [i for i, t in enumerate(tokens) if types[i] == CONTROL and t in EOG_TEXTS]
         return cls(hf, bos_token_id=field_value(reader, "tokenizer.ggml.bos_token_id"),
-                   eos_token_ids=tuple(eog),
-                   add_bos_token=bool(field_value(reader, "tokenizer.ggml.add_bos_token", False)),
+                   eos_token_ids=tuple(eog), add_bos_token=adds_bos(reader),
                    chat_template=field_value(reader, "tokenizer.chat_template"))
 
     @classmethod
@@ -97,27 +69,37 @@ class Tokenizer:
         hf = _HFTokenizer.from_file(tokenizer_file)
         config_file = os.path.join(path, "tokenizer_config.json")
         config = json.load(open(config_file)) if os.path.isfile(config_file) else {}
+        specials = hf.encode("", add_special_tokens=True).ids   # what the post-processor adds
         token_id = lambda text: None if text is None else hf.token_to_id(_content(text))  # noqa: E731
         eog = list(eos_token_ids) + [token_id(config.get("eos_token"))]
         eog += [i for i, t in hf.get_added_tokens_decoder().items() if t.special and t.content in EOG_TEXTS]
         template = config.get("chat_template")
         if isinstance(template, list):  # named templates: take the default one
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
-        return cls(hf, bos_token_id=token_id(config.get("bos_token")),
-                   eos_token_ids=tuple(i for i in eog if i is not None),
-                   add_bos_token=bool(config.get("add_bos_token", False)), chat_template=template)
+        bos = token_id(config.get("bos_token"))
+        if bos is None and specials:
+            bos = specials[0]
+        return cls(hf, bos_token_id=bos, eos_token_ids=tuple(i for i in eog if i is not None),
+                   add_bos_token=bool(specials[:1] == [bos]) if specials else bool(config.get("add_bos_token", False)),
+                   chat_template=template, post_processor_adds=bool(specials))
 
     # --- use ----------------------------------------------------------------------------
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
+        """add_special_tokens: None = yes for plain text, no for a ChatPrompt (its template has
+        written them already)."""
         if not isinstance(text, str):
             raise ValueError(f"text to tokenize must be a string, got {type(text).__name__}")
+        if add_special_tokens is None:
+            add_special_tokens = not isinstance(text, ChatPrompt)
+        by_post_processor = add_special_tokens and self._post_processor_adds
         try:   # encode_batch releases the GIL while it works (encode does not): a 4 MB prompt
             # tokenized in a worker thread leaves the server's event loop free meanwhile
-            ids = self._hf.encode_batch([text], add_special_tokens=False)[0].ids
+            ids = self._hf.encode_batch([text], add_special_tokens=by_post_processor)[0].ids
         except TypeError:   # what `tokenizers` raises for a str it cannot convert to UTF-8
             check_unicode(text)
             raise
-        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
+        if (add_special_tokens and not self._post_processor_adds and self.add_bos_token
+                and self.bos_token_id is not None):
             ids = [self.bos_token_id] + ids
         return ids
 
@@ -146,12 +128,15 @@ class Tokenizer:
         byte = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", token)   # SentencePiece byte fallback
         if byte:
             return bytes([int(byte.group(1), 16)])
+        if SPACE in token:   # a SentencePiece piece: its decoder may strip a leading space
+            return token.replace(SPACE, " ").encode("utf-8")
         return self.token_bytes_text(token_id).encode("utf-8")
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
         if self.chat_template is None:
             raise ValueError("this model has no chat template; use a plain completion prompt")
-        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
+        return ChatPrompt(self.chat_template.render(messages, add_generation_prompt=add_generation_prompt,
+                                                    **extra))
 
 
 @functools.lru_cache(maxsize=1)

@@ -14,8 +14,10 @@ from ember_cupy.server.errors import APIError, bad_request
 from ember_cupy.server.metrics import CONTENT_TYPE_LATEST
 from ember_cupy.server.middleware import auth_middleware, cors_handlers, error_middleware
 from ember_cupy.server.openapi import openapi_spec
+from ember_cupy.server.protocol import validate
+from ember_cupy.server.protocol.requests import DetokenizeRequest, TokenizeRequest
 from ember_cupy.server.serving import OpenAIServing
-from ember_cupy.server.validation import READ_TIMEOUT_KEY, Fields, is_int, read_json_body
+from ember_cupy.server.validation import READ_TIMEOUT_KEY, read_json_body
 
 log = logging.getLogger("ember_cupy.server")
 
@@ -132,49 +134,33 @@ class _Handlers:
         return web.json_response(openapi_spec(ember_cupy.__version__))
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        body = await read_json_body(request)
+        body = validate(TokenizeRequest, await read_json_body(request))
         self.serving.ensure_ready()
-        f = Fields(body, {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                          "return_token_strs"})
-        self.serving.check_model(f.str("model"))
+        self.serving.check_model(body.model)
         tokenizer = self.engine.tokenizer
-        if f.has("prompt") == f.has("messages"):
+        if (body.prompt is None) == (body.messages is None):
             raise bad_request("give exactly one of 'prompt' and 'messages'", param="prompt",
                               code="missing_required_parameter")
-        if f.has("prompt"):
-            text = f.str("prompt")
-            add_special = f.bool("add_special_tokens", True)
-        else:
-            messages = f.raw("messages")
-            if not isinstance(messages, list) or not messages:
-                raise bad_request("'messages' must be a non-empty array", param="messages")
-            try:
-                text = await self.engine.off_loop(tokenizer.apply_chat_template, messages,
-                                                  f.bool("add_generation_prompt", True))
-            except ValueError as exc:
-                raise bad_request(str(exc), param="messages") from None
-            add_special = f.bool("add_special_tokens", True)   # as the engine encodes chat prompts
+        field = "prompt" if body.prompt is not None else "messages"
         try:
-            tokens = await self.engine.off_loop(tokenizer.encode, text, add_special_tokens=add_special)
+            if body.prompt is not None:
+                text = body.prompt
+            else:
+                text = await self.engine.off_loop(tokenizer.apply_chat_template,
+                                                  [m.template_dict() for m in body.messages],
+                                                  body.add_generation_prompt)
+            # chat prompts too: the engine encodes them with the special tokens
+            tokens = await self.engine.off_loop(tokenizer.encode, text, add_special_tokens=body.add_special_tokens)
         except ValueError as exc:
-            raise bad_request(str(exc), param="prompt" if f.has("prompt") else "messages") from None
+            raise bad_request(str(exc), param=field) from None
         result = {"count": len(tokens), "max_model_len": self.engine.max_model_len, "tokens": tokens}
-        if f.bool("return_token_strs", False):
+        if body.return_token_strs:
             result["token_strs"] = [tokenizer.id_to_token(t) for t in tokens]
         return web.json_response(result)
 
     async def detokenize(self, request: web.Request) -> web.Response:
-        body = await read_json_body(request)
+        raw = await read_json_body(request)
         self.serving.ensure_ready()
-        f = Fields(body, {"model", "tokens"})
-        self.serving.check_model(f.str("model"))
-        tokens = f.raw("tokens")
-        if tokens is None:
-            raise bad_request("'tokens' is required", param="tokens", code="missing_required_parameter")
-        if not isinstance(tokens, list) or not all(is_int(t) for t in tokens):
-            raise bad_request("'tokens' must be an array of token ids", param="tokens", code="invalid_type")
-        vocab = self.engine.tokenizer.vocab_size
-        bad = [t for t in tokens if not 0 <= t < vocab]
-        if bad:
-            raise bad_request(f"token id(s) {bad[:5]} are outside the vocabulary [0, {vocab})", param="tokens")
-        return web.json_response({"prompt": self.engine.tokenizer.decode(tokens)})
+        body = validate(DetokenizeRequest, raw, self.engine.tokenizer.vocab_size)
+        self.serving.check_model(body.model)
+        return web.json_response({"prompt": self.engine.tokenizer.decode(body.tokens)})
