@@ -149,7 +149,6 @@ class _Handlers:
                 text = await self.engine.off_loop(tokenizer.apply_chat_template,
                                                   [m.template_dict() for m in body.messages],
                                                   body.add_generation_prompt)
-            # chat prompts too: the engine encodes them with the special tokens
             tokens = await self.engine.off_loop(tokenizer.encode, text, add_special_tokens=body.add_special_tokens)
         except ValueError as exc:
             raise bad_request(str(exc), param=field) from None

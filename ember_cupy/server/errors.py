@@ -5,6 +5,7 @@ import json
 import re
 
 from aiohttp import web
+from pydantic import ValidationError
 
 # HTTP status -> OpenAI's error "type".
 ERROR_TYPES = {
@@ -85,3 +86,40 @@ def from_http_exception(exc: web.HTTPException) -> APIError:
         message = "request body is too large" + (f" ({exc.text})" if exc.text else "")
     headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
     return APIError(status, message, code=codes.get(status), headers=headers)
+
+
+# pydantic error type -> OpenAI error code (every other type: "invalid_value")
+_CODES = {"extra_forbidden": "unknown_parameter", "missing": "missing_required_parameter",
+          "none_required": "unsupported_parameter"}
+_OBJECT_TYPES = {"model_type", "model_attributes_type", "dict_type"}   # pydantic names Python types there
+
+
+def field_path(loc: tuple) -> str | None:
+    """A pydantic error location as OpenAI writes a field: messages[0].content, logit_bias.42."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part != "[key]":      # pydantic's marker of a bad dict key: the key itself is the place
+            path += f".{part}" if path else part
+    return path or None
+
+
+def from_validation_error(exc: ValidationError) -> APIError:
+    """The first problem a request model found, as a 400 whose `param` is the field's path."""
+    error = exc.errors(include_url=False)[0]
+    kind, param = error["type"], field_path(error["loc"])
+    code = _CODES.get(kind, "invalid_type" if kind.endswith("_type") else "invalid_value")
+    if kind == "extra_forbidden":
+        message = f"unrecognized request argument supplied: {param}"
+    elif kind == "missing":
+        message = f"'{param}' is required"
+    elif kind == "none_required":
+        message = f"'{param}' is not supported"
+    else:
+        detail = "must be a JSON object" if kind in _OBJECT_TYPES else error["msg"].removeprefix("Value error, ")
+        value = error.get("input")
+        if isinstance(value, (bool, int, float, str)) and kind != "value_error":
+            detail += f", got {json.dumps(value)[:40]}"
+        message = f"'{param}': {detail}" if param else detail
+    return APIError(400, message, param=param, code=code)

@@ -1,16 +1,15 @@
-"""Reading a JSON request body: content type, size, syntax, and typed fields with clear errors."""
+"""Reading a JSON request body: content type, size, time, syntax, depth and valid Unicode.
+What the fields must be is the protocol models' business (server/protocol/)."""
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import re
 
 from aiohttp import web
 
 from ember_cupy.server.errors import APIError, bad_request
 
-_MISSING = object()
 READ_TIMEOUT_KEY = web.AppKey("read_timeout", float)   # seconds a client may take to send a body
 MAX_JSON_DEPTH = 64     # nesting levels of a request body; OpenAI's bodies need fewer than 10
 # \uD800-\uDFFF escapes: the only way a lone surrogate gets into the decoded body (a raw UTF-8
@@ -111,126 +110,3 @@ def _json_type(value) -> str:
     if isinstance(value, list):
         return "array"
     return "object"
-
-
-def is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-class Fields:
-    """Typed access to the fields of a request body; each getter raises a 400 naming the field.
-
-    `known` lists every field the endpoint understands (used or deliberately ignored);
-    any other field is rejected, as OpenAI does.
-    """
-
-    def __init__(self, body: dict, known: set[str] | frozenset[str]):
-        unknown = sorted(k for k in set(body) - set(known) if body[k] is not None)   # null = absent
-        if unknown:
-            raise bad_request(f"unrecognized request argument supplied: {unknown[0]}",
-                              param=unknown[0], code="unknown_parameter")
-        self.body = body
-
-    def has(self, name: str) -> bool:
-        return self.body.get(name) is not None
-
-    def raw(self, name: str, default=None):
-        value = self.body.get(name, _MISSING)
-        return default if value is _MISSING or value is None else value
-
-    def _wrong(self, name: str, expected: str, value) -> APIError:
-        return bad_request(f"'{name}' must be {expected}, got {_json_type(value)}"
-                           f"{'' if isinstance(value, (dict, list)) else ' ' + json.dumps(value)[:40]}",
-                           param=name, code="invalid_type")
-
-    def bool(self, name: str, default: bool | None = False):
-        value = self.raw(name, _MISSING)
-        if value is _MISSING:
-            return default
-        if not isinstance(value, bool):
-            raise self._wrong(name, "a boolean", value)
-        return value
-
-    def int(self, name: str, default=None, lo: int | None = None, hi: int | None = None):
-        value = self.raw(name, _MISSING)
-        if value is _MISSING:
-            return default
-        if isinstance(value, float) and value.is_integer() and math.isfinite(value):
-            value = int(value)
-        if not is_int(value):
-            raise self._wrong(name, "an integer", value)
-        _check_range(name, value, lo, hi)
-        return value
-
-    def number(self, name: str, default=None, lo: float | None = None, hi: float | None = None):
-        value = self.raw(name, _MISSING)
-        if value is _MISSING:
-            return default
-        if not is_number(value):
-            raise self._wrong(name, "a number", value)
-        _check_range(name, value, lo, hi)
-        return float(value)
-
-    def str(self, name: str, default=None, non_empty: bool = False, choices=None):
-        value = self.raw(name, _MISSING)
-        if value is _MISSING:
-            return default
-        if not isinstance(value, str):
-            raise self._wrong(name, "a string", value)
-        if non_empty and not value:
-            raise bad_request(f"'{name}' must not be empty", param=name)
-        if choices is not None and value not in choices:
-            raise bad_request(f"'{name}' must be one of {list(choices)}, got {value!r}", param=name)
-        return value
-
-    def dict(self, name: str):
-        value = self.raw(name, _MISSING)
-        if value is _MISSING:
-            return None
-        if not isinstance(value, dict):
-            raise self._wrong(name, "an object", value)
-        return value
-
-    def str_list(self, name: str, max_items: int = 16, max_length: int | None = None) -> list[str]:
-        """A string or a list of strings (stop sequences), each at most max_length characters."""
-        value = self.raw(name, _MISSING)
-        if value is _MISSING:
-            return []
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self._wrong(name, "a string or an array of strings", value)
-        if len(value) > max_items:
-            raise bad_request(f"'{name}' may hold at most {max_items} items, got {len(value)}", param=name)
-        if any(not v for v in value):
-            raise bad_request(f"'{name}' must not contain empty strings", param=name)
-        longest = max(map(len, value), default=0)
-        if max_length is not None and longest > max_length:
-            raise bad_request(f"'{name}' strings may be at most {max_length} characters long, got {longest}",
-                              param=name)
-        return value
-
-    def int_list(self, name: str, lo: int | None = None) -> list[int]:
-        value = self.raw(name, _MISSING)
-        if value is _MISSING:
-            return []
-        if not isinstance(value, list) or not all(is_int(v) for v in value):
-            raise self._wrong(name, "an array of integers", value)
-        for v in value:
-            _check_range(name, v, lo, None)
-        return value
-
-
-def _check_range(name: str, value, lo, hi) -> None:
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        if lo is not None and hi is not None:
-            bound = f"in [{lo}, {hi}]"
-        elif lo is not None:
-            bound = f">= {lo}"
-        else:
-            bound = f"<= {hi}"
-        raise bad_request(f"'{name}' must be {bound}, got {value}", param=name)

@@ -1,0 +1,197 @@
+"""Request bodies of every JSON route, the single description of what the server accepts:
+requests are validated against these models and /openapi.json is generated from them."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, ConfigDict, Field, PlainValidator, StringConstraints, ValidationInfo, \
+    field_validator
+
+from ember_cupy.sampling_params import (
+    MAX_LOGPROBS,
+    MAX_N,
+    MAX_REPETITION_PENALTY,
+    MAX_STOP_LENGTH,
+    MAX_STOP_STRINGS,
+    MIN_REPETITION_PENALTY,
+)
+from ember_cupy.server.protocol.base import NULL_IS_ABSENT, ProtocolModel, check_token_ids, one_of
+from ember_cupy.server.protocol.messages import MESSAGES_FIELD, Messages
+from ember_cupy.server.protocol.tools import ResponseFormat, StructuredOutputs, Tool, ToolChoice
+
+MAX_PROMPTS = 64          # prompts in one batched completions request
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+IGNORED = "Accepted and ignored: it changes nothing on this server."
+
+TokenId = Annotated[int, Field(ge=0)]
+StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_LENGTH)]
+StopList = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
+LogitBias = dict[Annotated[str, StringConstraints(pattern=r"^[0-9]+$")], Annotated[float, Field(ge=-100, le=100)]]
+
+
+def _stop_as_list(value):
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise ValueError("must be a string or an array of strings")
+    return value
+
+
+class StreamOptions(ProtocolModel):
+    include_usage: bool = Field(False, description="End the stream with a chunk carrying the usage.")
+    continuous_usage_stats: bool = Field(False, description="Usage so far in every chunk (vLLM).")
+
+
+class SamplingFields(ProtocolModel):
+    """The fields /v1/completions and /v1/chat/completions share."""
+    model: str | None = Field(None, description="A served model name; the first one when left out.",
+                              examples=["SmolLM2-135M-Instruct"])
+    stream: bool = Field(False, description="Reply as server-sent events, ending with `data: [DONE]`.",
+                         examples=[True])
+    stream_options: StreamOptions | None = Field(None, description="Only with stream=true.",
+                                                 examples=[{"include_usage": True}])
+    n: int = Field(1, ge=1, le=MAX_N, description="Choices per prompt.")
+    best_of: int | None = Field(None, ge=1, description="Only equal to `n` is supported.",
+                                examples=[1])
+    temperature: float = Field(1.0, ge=0, le=100, description="0 = greedy.")
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=-1, description="0 or -1 = no top-k (vLLM).")
+    min_p: float = Field(0.0, ge=0, le=1)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY,
+                                      description="vLLM's multiplicative penalty; 1 = none.")
+    logit_bias: LogitBias | None = Field(None, description="Token id (as a string) -> bias added to its logit.",
+                                         examples=[{"42": -5.0}])
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX, examples=[1234])
+    max_tokens: int | None = Field(None, ge=1, description="Tokens to generate at most; by default until "
+                                                           "the context is full.", examples=[4])
+    min_tokens: int = Field(0, ge=0, description="Tokens to generate before EOS or a stop may end it.",
+                            examples=[1])
+    stop: Annotated[StopList, BeforeValidator(_stop_as_list, json_schema_input_type=StopString | StopList)] = Field(
+        default_factory=list, description="Strings that end the text (not included in it).", examples=[["\n\n"]])
+    stop_token_ids: list[TokenId] = Field(default_factory=list, examples=[[2]])
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    priority: int = Field(0, ge=INT32_MIN, le=INT32_MAX,
+                          description="Lower runs first; only with the server's priority policy.", examples=[0])
+    cache_salt: str | None = Field(None, min_length=1, description="Prefix-cache isolation key (vLLM).",
+                                   examples=["tenant-a"])
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
+                                        description="Top-k logprobs of every prompt token (vLLM).", examples=[1])
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's output constraints.")
+    user: str | None = Field(None, description=IGNORED, examples=["user-1"])
+    metadata: dict[str, str] | None = Field(None, description=IGNORED, examples=[{"k": "v"}])
+    store: bool | None = Field(None, description=IGNORED, examples=[False])
+    service_tier: str | None = Field(None, description=IGNORED, examples=["auto"])
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_in_vocab(cls, bias, info: ValidationInfo):
+        check_token_ids([int(k) for k in bias], info, "logit_bias token id(s)")
+        return bias
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_ids_in_vocab(cls, ids, info: ValidationInfo):
+        check_token_ids(ids, info, "token id(s)")
+        return ids
+
+
+def _prompts(value, info: ValidationInfo) -> list:
+    """The prompt(s) of a completions request as a list: each a string or a list of token ids."""
+    if isinstance(value, str) or isinstance(value, list) and value and all(_is_int(t) for t in value):
+        prompts = [value]
+    elif isinstance(value, list) and value and (all(isinstance(p, str) for p in value) or all(
+            isinstance(p, list) and all(_is_int(t) for t in p) for p in value)):
+        prompts = list(value)
+    elif isinstance(value, list) and not value:
+        raise ValueError("must not be empty")
+    else:
+        raise ValueError("must be a string, an array of strings, an array of token ids, "
+                         "or an array of arrays of token ids")
+    if len(prompts) > MAX_PROMPTS:
+        raise ValueError(f"may hold at most {MAX_PROMPTS} prompts, got {len(prompts)}")
+    for prompt in prompts:
+        if not prompt:
+            raise ValueError("must not be empty")
+        if isinstance(prompt, list):
+            check_token_ids(prompt, info, "prompt token id(s)")
+    return prompts
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+Prompt = Annotated[list, PlainValidator(_prompts, json_schema_input_type=(
+    str | list[str] | list[TokenId] | list[list[TokenId]]))]
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions."""
+    model_config = ConfigDict(title="CompletionRequest", json_schema_extra={"description": NULL_IS_ABSENT})
+
+    prompt: Prompt = Field(description=f"A prompt, or up to {MAX_PROMPTS} prompts (n choices each): text or "
+                                       "token ids.", examples=["The capital of France is"])
+    max_tokens: int = Field(16, ge=1, description="Tokens to generate at most.", examples=[4])
+    echo: bool = Field(False, description="Put the prompt before the text.", examples=[True])
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Top-k logprobs per token.",
+                                 examples=[1])
+    suffix: None = Field(None, description="Not supported (text after an insertion point).")
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+    model_config = ConfigDict(title="ChatCompletionRequest", json_schema_extra={"description": NULL_IS_ABSENT})
+
+    messages: Messages = MESSAGES_FIELD
+    max_completion_tokens: int | None = Field(None, ge=1, description="OpenAI's new name of max_tokens; wins "
+                                                                      "over it.", examples=[4])
+    logprobs: bool = Field(False, description="Logprobs of the generated tokens.", examples=[True])
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Only with logprobs=true.",
+                                     examples=[2])
+    response_format: ResponseFormat | None = Field(None, examples=[{"type": "text"}])
+    tools: list[Tool] | None = Field(None, description="Functions the model may call.")
+    tool_choice: ToolChoice | None = Field(None, examples=["none"])
+    parallel_tool_calls: bool | None = Field(None, description="Several tool calls in one reply.",
+                                             examples=[False])
+    add_generation_prompt: bool = Field(True, description="End the prompt with the assistant's turn "
+                                                          "header (vLLM).")
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="Extra variables for the chat "
+                                                                          "template (vLLM).", examples=[{}])
+    # fields of OpenAI's chat API with no effect here
+    reasoning_effort: str | None = Field(None, description=IGNORED, examples=["low"])
+    verbosity: Literal["low", "medium", "high"] | None = Field(None, description=IGNORED)
+    prompt_cache_key: str | None = Field(None, description=IGNORED, examples=["key"])
+    safety_identifier: str | None = Field(None, description=IGNORED, examples=["user-hash"])
+    modalities: list[Literal["text", "audio"]] | None = Field(None, description=IGNORED, examples=[["text"]])
+    audio: dict[str, Any] | None = Field(None, description=IGNORED, examples=[{}])
+    prediction: dict[str, Any] | None = Field(None, description=IGNORED,
+                                              examples=[{"type": "content", "content": "x"}])
+    web_search_options: dict[str, Any] | None = Field(None, description=IGNORED, examples=[{}])
+
+
+class TokenizeRequest(ProtocolModel):
+    """POST /tokenize: exactly one of prompt and messages."""
+    model: str | None = None
+    prompt: str | None = Field(None, examples=["Hello"])
+    messages: Messages | None = Field(None, min_length=1)
+    add_special_tokens: bool | None = Field(None, description="Add BOS etc.; by default yes for a prompt, no for "
+                                                              "messages (their template writes them).")
+    add_generation_prompt: bool = True
+    return_token_strs: bool = Field(False, examples=[True])
+
+
+class DetokenizeRequest(ProtocolModel):
+    """POST /detokenize."""
+    model: str | None = None
+    tokens: list[TokenId] = Field(examples=[[1, 2, 3]])
+
+    @field_validator("tokens")
+    @classmethod
+    def _in_vocab(cls, ids, info: ValidationInfo):
+        check_token_ids(ids, info, "token id(s)")
+        return ids
