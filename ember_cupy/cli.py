@@ -164,7 +164,7 @@ class ProgressBar:
 def check_dtype(args) -> None:
     """A --dtype the backend cannot serve (float16 on NumPy) fails here, before the model loads."""
     from ember_cupy.backend import get_xp
-    from ember_cupy.model.runner import resolve_dtype
+    from ember_cupy.engine.model_runner import resolve_dtype
     resolve_dtype(args.dtype, get_xp())
 
 

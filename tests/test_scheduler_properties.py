@@ -1,15 +1,15 @@
-"""Property tests of the scheduler + block manager with no model (engine/dry_run.py)."""
+"""Property tests of the scheduler + block manager with no model (the real scheduler code; only the model is faked: engine/trace_replay.py)."""
 from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ember_cupy.config import EngineConfig
-from ember_cupy.engine.dry_run import DryRun, TraceRequest
+from ember_cupy.engine.trace_replay import TraceReplay, TraceRequest
 from ember_cupy.engine.sequence import SequenceStatus
 
 
-def check_invariants(run: DryRun, batch) -> None:
+def check_invariants(run: TraceReplay, batch) -> None:
     config, bm = run.config, run.block_manager
     assert batch.num_tokens <= config.max_num_batched_tokens
     assert len(batch.scheduled) <= config.max_num_seqs
@@ -50,7 +50,7 @@ def test_random_workloads_keep_every_invariant(trace, policy, block_size, budget
     num_blocks = -(-longest // block_size) + spare_blocks   # every request fits alone
     config = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, block_size=block_size,
                           policy=policy, enable_prefix_caching=prefix_caching, sjf_aging_steps=20)
-    run = DryRun(config, num_blocks)
+    run = TraceReplay(config, num_blocks)
     pending = sorted(trace, key=lambda r: r.arrival_step)
     abort_at = {step: f"r{index}" for step, index in aborts}
     while pending or run.scheduler.has_work():
@@ -71,7 +71,7 @@ def test_random_workloads_keep_every_invariant(trace, policy, block_size, budget
 def test_sjf_serves_short_jobs_first():
     config = EngineConfig(max_num_seqs=1, max_num_batched_tokens=512, policy="sjf", block_size=4)
     trace = [TraceRequest("long", 0, 100, 50), TraceRequest("short", 0, 10, 5)]
-    timelines = DryRun(config, 64).run(trace)
+    timelines = TraceReplay(config, 64).run(trace)
     assert timelines["short"].finished_step < timelines["long"].first_scheduled_step
 
 
@@ -81,9 +81,9 @@ def test_sjf_aging_bounds_the_wait_of_a_long_job():
     config = EngineConfig(max_num_seqs=1, max_num_batched_tokens=512, policy="sjf",
                           block_size=4, sjf_aging_steps=aging)
     trace = [TraceRequest("long", 0, 60, 10)] + [TraceRequest(f"s{i}", i, 4, 3) for i in range(300)]
-    timelines = DryRun(config, 64).run(trace)
+    timelines = TraceReplay(config, 64).run(trace)
     assert timelines["long"].first_scheduled_step <= aging + 5
-    starved = DryRun(EngineConfig(**{**config.__dict__, "sjf_aging_steps": 10_000}), 64).run(trace)
+    starved = TraceReplay(EngineConfig(**{**config.__dict__, "sjf_aging_steps": 10_000}), 64).run(trace)
     assert starved["long"].first_scheduled_step > 200  # without aging it would wait for the stream
 
 
@@ -91,14 +91,14 @@ def test_priority_policy_orders_by_priority_then_arrival():
     config = EngineConfig(max_num_seqs=1, max_num_batched_tokens=512, policy="priority", block_size=4)
     trace = [TraceRequest("low", 0, 8, 2, priority=5), TraceRequest("high", 0, 8, 2, priority=0),
              TraceRequest("high-later", 0, 8, 2, priority=0)]
-    timelines = DryRun(config, 64).run(trace)
+    timelines = TraceReplay(config, 64).run(trace)
     order = sorted(timelines, key=lambda r: timelines[r].first_scheduled_step)
     assert order == ["high", "high-later", "low"]
 
 
 def test_chunked_prefill_splits_a_long_prompt_and_mixes_decodes():
     config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, block_size=4)
-    run = DryRun(config, 64)
+    run = TraceReplay(config, 64)
     run.add(TraceRequest("short", 0, 3, 20))
     run.step()                                  # prefill of "short"
     run.add(TraceRequest("long", 1, 50, 2))
@@ -113,7 +113,7 @@ def test_chunked_prefill_splits_a_long_prompt_and_mixes_decodes():
 def test_preemption_happens_and_everything_still_finishes():
     config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=256, block_size=4)
     trace = [TraceRequest(f"r{i}", 0, 10, 30) for i in range(6)]
-    run = DryRun(config, 30)   # 6 x 40 tokens need 60 blocks; only 30 exist
+    run = TraceReplay(config, 30)   # 6 x 40 tokens need 60 blocks; only 30 exist
     timelines = run.run(trace)
     assert sum(b.preempted != [] for b in run.batches) > 0
     assert sum(t.num_preemptions for t in timelines.values()) > 0
@@ -123,7 +123,7 @@ def test_preemption_happens_and_everything_still_finishes():
 def test_prefix_cache_hits_on_a_shared_prefix():
     config = EngineConfig(max_num_seqs=1, max_num_batched_tokens=512, block_size=4)
     trace = [TraceRequest(f"r{i}", 0, 30, 2, prefix_id=7, prefix_len=20) for i in range(3)]
-    run = DryRun(config, 64)
+    run = TraceReplay(config, 64)
     timelines = run.run(trace)
     assert timelines["r0"].num_cached_tokens == 0
     assert timelines["r1"].num_cached_tokens == timelines["r2"].num_cached_tokens == 20
@@ -136,7 +136,7 @@ def test_same_trace_same_schedule():
     trace = [TraceRequest(f"r{i}", i % 4, 5 + 7 * i % 30, 1 + i % 9) for i in range(15)]
     schedules = []
     for _ in range(2):
-        run = DryRun(config, 40)
+        run = TraceReplay(config, 40)
         run.run(trace)
         schedules.append([[(s.request_id, n) for s, n in b.scheduled] for b in run.batches])
     assert schedules[0] == schedules[1]

@@ -16,7 +16,7 @@ import json
 import sys
 
 from ember_cupy.config import POLICIES, EngineConfig
-from ember_cupy.engine.dry_run import DryRun, TraceRequest
+from ember_cupy.engine.trace_replay import TraceReplay, TraceRequest
 
 
 def read_trace(path: str) -> list[TraceRequest]:
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     too_big = [r.request_id for r in trace if -(-(r.prompt_len + r.max_tokens) // args.block_size) > args.num_blocks]
     if too_big:
         parser.error(f"requests {too_big[:5]} can never fit in {args.num_blocks} blocks")
-    run = DryRun(config, args.num_blocks)
+    run = TraceReplay(config, args.num_blocks)
     timelines = run.run(trace)
     rows = [vars(timelines[r.request_id]) for r in trace]
     for row in rows:

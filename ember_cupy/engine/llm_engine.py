@@ -8,17 +8,17 @@ import numpy as np
 
 from ember_cupy.backend import get_xp, keep_freed_memory_mapped, to_numpy
 from ember_cupy.config import EngineConfig
-from ember_cupy.detokenizer import IncrementalDetokenizer
 from ember_cupy.engine.block_manager import BlockManager
+from ember_cupy.engine.model_runner import ModelRunner
+from ember_cupy.engine.outputs import OutputKind, RequestOutput
 from ember_cupy.engine.request import Request
 from ember_cupy.engine.sampler import Sampler, TokenLogprobs, log_softmax, top_logprobs
-from ember_cupy.engine.scheduler import Scheduler
+from ember_cupy.engine.scheduler import ScheduledBatch, Scheduler
 from ember_cupy.engine.sequence import Sequence, SequenceStats
 from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.loader import load_checkpoint
-from ember_cupy.model.runner import ModelRunner
-from ember_cupy.outputs import RequestOutput
 from ember_cupy.sampling_params import SamplingParams
+from ember_cupy.structured.compiler import GrammarCompiler
 
 logger = logging.getLogger("ember_cupy.engine")
 
@@ -46,8 +46,9 @@ class LLMEngine:
         self._check_kv_pool()
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.scheduler = Scheduler(self.config, self.block_manager, self.model_config.eos_token_ids)
         self.sampler = Sampler(self.model_config.eos_token_ids)
+        self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
         limits = [self.model_config.max_position_embeddings, self.runner.num_blocks * self.config.block_size]
         if self.config.max_model_len:
             limits.append(self.config.max_model_len)
@@ -81,9 +82,11 @@ class LLMEngine:
     # --- admission ----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
                     *, priority: int = 0, cache_salt: str | None = None,
-                    arrival_time: float | None = None, prompt_token_ids: list[int] | None = None) -> None:
+                    arrival_time: float | None = None, prompt_token_ids: list[int] | None = None,
+                    output_kind: OutputKind = OutputKind.CUMULATIVE) -> None:
         """prompt_token_ids: with a string prompt, its token ids as self.tokenizer.encode gave them
-        (the server tokenizes off its event loop); the prompt is then not tokenized again."""
+        (the server tokenizes off its event loop); the prompt is then not tokenized again.
+        output_kind: what step() returns for this request (ember_cupy/engine/outputs.py)."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -94,14 +97,15 @@ class LLMEngine:
         else:
             prompt_text, prompt_ids = self._prompt_ids(prompt)
         params.check_vocab(self.model_config.vocab_size)
+        constraint = self.grammars.new_constraint(params.structured_outputs) if params.structured_outputs else None
         max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
         if params.n > self.config.max_num_seqs:
             raise ValueError(f"n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}")
-        request = Request(request_id, prompt_text, prompt_ids, params, fork_pending=params.n > 1)
+        request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer, output_kind)
         stats = SequenceStats(arrival_time=arrival_time or time.monotonic())
         seq = Sequence(request_id, prompt_ids, params, max_tokens, priority=priority,
-                       cache_salt=cache_salt, stats=stats)
-        self._attach(request, seq)
+                       cache_salt=cache_salt, stats=stats, num_pending_forks=params.n - 1, constraint=constraint)
+        request.state(seq)
         self.requests[request_id] = request
         self.scheduler.add(seq)
 
@@ -133,19 +137,11 @@ class LLMEngine:
                              f"the maximum context length {self.max_model_len}")
         return params.max_tokens
 
-    def _attach(self, request: Request, seq: Sequence) -> None:
-        params = request.params
-        request.seqs.append(seq)
-        request.detokenizers[seq.index] = IncrementalDetokenizer(
-            self.tokenizer, params.stop, params.include_stop_str_in_output, params.skip_special_tokens)
-        request.logprobs[seq.index] = []
-
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request wherever it is; its KV blocks are freed at once."""
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
-        request.fork_pending = False
         for seq in request.seqs:
             if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
@@ -170,20 +166,27 @@ class LLMEngine:
         if not batch:
             return []
         step_logits = self.runner.execute(batch)
-        for seq, num_tokens in batch.scheduled:
-            seq.num_computed_tokens += num_tokens
-            self.block_manager.cache_full_blocks(seq)
         for seq, first_position, logits in step_logits.prompt_logits:
             self._record_prompt_logprobs(seq, first_position, logits)
-        sampling_seqs, logits = self._fork_pending(step_logits.sampling_seqs, step_logits.sampling_logits)
+        sampling_seqs, logits = self._sampling_rows(batch, step_logits)
         sampled = self.sampler(logits, sampling_seqs)
-        now = time.monotonic()
+        seqs = self.scheduler.update(batch, sampled.token_ids)
         touched = []
-        for seq, token_id, logprobs in zip(sampling_seqs, sampled.token_ids, sampled.logprobs):
+        for seq, token_id, logprobs in zip(seqs, sampled.token_ids, sampled.logprobs):
             request = self.requests[seq.request_id]
-            self._append_token(request, seq, token_id, logprobs, now)
+            self._detokenize(request, seq, int(token_id), logprobs)
             touched.append(request)
         return self._collect_outputs(touched)
+
+    def _sampling_rows(self, batch: ScheduledBatch, step_logits):
+        """The sequences that sample now and their logits rows (a fresh fork samples from its
+        parent's row: at most max_num_seqs rows)."""
+        row_of = {id(seq): row for row, seq in enumerate(step_logits.sampling_seqs)}
+        rows = [row_of[id(source)] for _, source in batch.samples]
+        logits = step_logits.sampling_logits
+        if rows != list(range(len(row_of))):
+            logits = logits[self.runner.xp.asarray(rows)]
+        return [seq for seq, _ in batch.samples], logits
 
     def _record_prompt_logprobs(self, seq: Sequence, first_position: int, logits) -> None:
         """Logits at position p score prompt token p + 1; entry 0 (nothing before it) is None."""
@@ -197,62 +200,27 @@ class LLMEngine:
             token = seq.prompt_token_ids[target]
             request.prompt_logprobs[target] = TokenLogprobs(token, float(row[token]), top_logprobs(row, k))
 
-    def _fork_pending(self, seqs: list[Sequence], logits):
-        """n > 1: once the parent's prompt is computed, fork n-1 children sharing its blocks,
-        each sampling its own first token from the same logits."""
-        if not any(self.requests[s.request_id].fork_pending for s in seqs):
-            return seqs, logits
-        rows, out_seqs = [], []
-        for row, seq in enumerate(seqs):
-            rows.append(row)
-            out_seqs.append(seq)
-            request = self.requests[seq.request_id]
-            if not request.fork_pending:
-                continue
-            request.fork_pending = False
-            for index in range(1, request.params.n):
-                child = Sequence(seq.request_id, seq.prompt_token_ids, seq.params, seq.max_tokens,
-                                 index=index, priority=seq.priority, cache_salt=seq.cache_salt,
-                                 stats=SequenceStats(**vars(seq.stats)))
-                self.block_manager.fork(seq, child)
-                self._attach(request, child)
-                self.scheduler.add_running(child)
-                rows.append(row)
-                out_seqs.append(child)
-        return out_seqs, logits[self.runner.xp.asarray(rows)]
-
-    def _append_token(self, request: Request, seq: Sequence, token_id: int, logprobs, now: float) -> None:
-        seq.token_ids.append(token_id)
-        stats = seq.stats
-        if stats.first_token_time is None:
-            stats.first_token_time = now
-        stats.last_token_time = now
-        if logprobs is not None:
-            request.logprobs[seq.index].append(logprobs)
+    def _detokenize(self, request: Request, seq: Sequence, token_id: int, logprobs) -> None:
+        """The text side of a token the scheduler appended: a stop string ends the sequence
+        here (the scheduler has ended it already on a stop token, EOS or max_tokens)."""
         params = request.params
-        detokenizer = request.detokenizers[seq.index]
-        past_min = seq.num_output_tokens > params.min_tokens
-        finish = None
-        if past_min and token_id in params.stop_token_ids:
-            finish = ("stop", token_id)
-        elif past_min and not params.ignore_eos and token_id in self.model_config.eos_token_ids:
-            finish = ("stop", None)
-        if finish is None or params.include_stop_str_in_output:
-            stop_string = detokenizer.add_tokens([token_id], check_stop=past_min)
+        state = request.state(seq)
+        detokenizer = state.detokenizer
+        stopped_by_token = seq.finish_reason == "stop" and (
+            token_id in params.stop_token_ids or token_id in self.model_config.eos_token_ids)
+        if not stopped_by_token or params.include_stop_str_in_output:
+            stop_string = detokenizer.add_tokens([token_id], check_stop=seq.can_stop)
             if stop_string is not None:
-                finish = ("stop", stop_string)
-        if finish is None and (seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len):
-            finish = ("length", None)
-        if finish is not None:
-            self.scheduler.finish(seq, *finish)
-            request.note_token(seq, token_id, detokenizer.finish())
-        else:
-            request.note_token(seq, token_id, detokenizer.release())
+                self.scheduler.finish(seq, "stop", stop_string)
+        text = detokenizer.finish() if seq.is_finished else detokenizer.release()
+        state.add_token(token_id, text, logprobs)
 
     def _collect_outputs(self, requests: list[Request]) -> list[RequestOutput]:
         outputs = []
         for request in dict.fromkeys(requests):
-            outputs.append(request.make_output())
+            output = request.make_output()
+            if output is not None:
+                outputs.append(output)
             if request.finished:
                 del self.requests[request.request_id]
         return outputs

@@ -6,6 +6,15 @@ Each step has a budget of max_num_seqs sequences and max_num_batched_tokens toke
   2. running sequences whose prompt is partly computed (chunked prefill) get what is left;
   3. waiting sequences, in policy order, fill the rest, chunked if they do not fit.
 
+After the forward pass, update() does the step's bookkeeping (vLLM's update_from_output,
+nano-vllm's postprocess): computed tokens advance, full blocks enter the prefix cache, sampled
+tokens are appended, and a sequence ends on a stop token, EOS or max_tokens. Stop strings need
+the text, so the engine checks them (as vLLM's output processor) and calls finish().
+
+n > 1: a request is one sequence until its prompt is computed; when its last prompt chunk is
+scheduled it forks its n - 1 siblings (_fork), which share its blocks and sample their first
+token from its logits. Every sequence, forked or about to fork, counts against max_num_seqs.
+
 Policies: fcfs (arrival order), priority (smaller priority first, then arrival), sjf (shortest
 job first: the prompt length, then the requested max_tokens, a request without max_tokens after
 any with one; a request that has waited sjf_aging_steps steps jumps ahead, in arrival order).
@@ -31,6 +40,10 @@ class ScheduledBatch:
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)   # (seq, new tokens)
     block_copies: list[tuple[int, int]] = field(default_factory=list)     # copy-on-write pages
     preempted: list[Sequence] = field(default_factory=list)
+    # (seq, source): seq samples a token this step from the logits of source's last scheduled
+    # token: itself, or the parent a fresh fork shares its prompt with
+    samples: list[tuple[Sequence, Sequence]] = field(default_factory=list)
+    forked: list[Sequence] = field(default_factory=list)                 # siblings forked now
 
     @property
     def num_tokens(self) -> int:
@@ -41,9 +54,10 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, eos_token_ids=()):
         self.config = config
         self.block_manager = block_manager
+        self.eos_token_ids = frozenset(eos_token_ids)
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.step_count = 0
@@ -58,12 +72,6 @@ class Scheduler:
         self._arrival_no[id(seq)] = next(self._order)
         self.waiting.append(seq)
 
-    def add_running(self, seq: Sequence) -> None:
-        """A sequence forked from a running one (n > 1) runs at once, beside its parent."""
-        seq.status = SequenceStatus.RUNNING
-        self._arrival_no[id(seq)] = next(self._order)
-        self.running.append(seq)
-
     def finish(self, seq: Sequence, reason: str, stop_reason=None) -> None:
         """Take seq out of the queues, free its blocks, mark it finished."""
         if seq in self.running:
@@ -74,6 +82,7 @@ class Scheduler:
         self._arrival_no.pop(id(seq), None)
         self._preempted.discard(id(seq))
         seq.status = SequenceStatus.FINISHED
+        seq.num_pending_forks = 0
         seq.finish_reason, seq.stop_reason = reason, stop_reason
         seq.stats.finished_time = time.monotonic()
 
@@ -110,7 +119,14 @@ class Scheduler:
         budget = self._schedule_decodes(batch, budget)
         budget = self._schedule_partial_prefills(batch, budget)
         self._admit_waiting(batch, budget)
+        self.running += batch.forked   # after the decodes: never a victim of their preemptions
         return batch
+
+    def num_slots_used(self, batch: ScheduledBatch) -> int:
+        """Sequences that run this step or will once forked: what max_num_seqs bounds (and so
+        the logits rows of a step)."""
+        return (len(self.running) + len(batch.forked)
+                + sum(seq.num_pending_forks for seq in self.running))
 
     def _schedule_decodes(self, batch: ScheduledBatch, budget: int) -> int:
         index = 0
@@ -143,8 +159,10 @@ class Scheduler:
         return budget
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and budget > 0:
             seq = min(self.waiting, key=self._waiting_key)
+            if self.num_slots_used(batch) + 1 + seq.num_pending_forks > self.config.max_num_seqs:
+                break
             cached = self.block_manager.acquire_cached_prefix(seq)
             num_tokens = min(seq.num_uncomputed_tokens, budget)
             if not self.block_manager.can_allocate(seq, num_tokens):
@@ -152,8 +170,8 @@ class Scheduler:
                 break
             self.waiting.remove(seq)
             self._preempted.discard(id(seq))
-            self.block_manager.record_prefix_query(seq.num_tokens, cached)
-            if seq.stats.first_scheduled_time is None:
+            if seq.stats.first_scheduled_time is None:   # not a recompute after preemption
+                self.block_manager.record_prefix_query(seq.num_tokens, cached)
                 seq.stats.first_scheduled_time = time.monotonic()
                 seq.stats.num_cached_tokens = cached
             seq.status = SequenceStatus.RUNNING
@@ -164,6 +182,51 @@ class Scheduler:
     def _run(self, batch: ScheduledBatch, seq: Sequence, num_tokens: int) -> None:
         batch.block_copies += self.block_manager.allocate(seq, num_tokens)
         batch.scheduled.append((seq, num_tokens))
+        if seq.num_computed_tokens + num_tokens == seq.num_tokens:
+            batch.samples.append((seq, seq))
+            if seq.num_pending_forks:
+                self._fork(batch, seq, num_tokens)
+
+    def _fork(self, batch: ScheduledBatch, parent: Sequence, num_tokens: int) -> None:
+        """The one place n > 1 forks: the siblings share every block of the parent's table,
+        including those this step writes, and are computed as far as it will be after the step."""
+        for index in range(parent.params.n - parent.num_pending_forks, parent.params.n):
+            child = parent.fork(index)
+            self.block_manager.fork(parent, child)
+            child.num_computed_tokens += num_tokens
+            child.status = SequenceStatus.RUNNING
+            self._arrival_no[id(child)] = next(self._order)
+            batch.forked.append(child)
+            batch.samples.append((child, parent))
+        parent.num_pending_forks = 0
+
+    # --- after the step -----------------------------------------------------------------
+    def update(self, batch: ScheduledBatch, sampled_token_ids) -> list[Sequence]:
+        """Bookkeeping after the forward pass. sampled_token_ids[i] is the token of
+        batch.samples[i]. Returns the sequences that got a token, in that order."""
+        for seq, num_tokens in batch.scheduled:
+            seq.num_computed_tokens += num_tokens
+            self.block_manager.cache_full_blocks(seq)
+        now = time.monotonic()
+        for (seq, _), token_id in zip(batch.samples, sampled_token_ids, strict=True):
+            self._append_token(seq, int(token_id), now)
+        return [seq for seq, _ in batch.samples]
+
+    def _append_token(self, seq: Sequence, token_id: int, now: float) -> None:
+        seq.token_ids.append(token_id)
+        stats = seq.stats
+        if stats.first_token_time is None:
+            stats.first_token_time = now
+        stats.last_token_time = now
+        params = seq.params
+        if seq.can_stop and token_id in params.stop_token_ids:
+            self.finish(seq, "stop", token_id)
+        elif seq.can_stop and not params.ignore_eos and token_id in self.eos_token_ids:
+            self.finish(seq, "stop")
+        elif seq.constraint is not None and seq.constraint.is_finished:   # the grammar is complete
+            self.finish(seq, "stop")
+        elif seq.num_output_tokens >= seq.max_tokens:
+            self.finish(seq, "length")
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
         """Recompute preemption: drop seq's KV, keep its tokens, requeue it first."""

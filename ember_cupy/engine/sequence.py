@@ -1,6 +1,7 @@
 """One generated sequence: its tokens, its KV block table, and how far it has been computed."""
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
 from dataclasses import dataclass, field
@@ -44,6 +45,25 @@ class SequenceStats:
         return self.first_token_time - self.first_scheduled_time
 
 
+def merge_stats(stats: list[SequenceStats]) -> SequenceStats:
+    """The stats of a request from those of its n sequences: the earliest start and first token,
+    the latest last token and finish (None until all finished), preemptions summed; the cached
+    prompt tokens are the first sequence's (the others fork from its prompt)."""
+    def earliest(values):
+        values = [v for v in values if v is not None]
+        return min(values) if values else None
+    finished = [s.finished_time for s in stats]
+    return SequenceStats(
+        arrival_time=min(s.arrival_time for s in stats),
+        arrival_step=min(s.arrival_step for s in stats),
+        first_scheduled_time=earliest(s.first_scheduled_time for s in stats),
+        first_token_time=earliest(s.first_token_time for s in stats),
+        last_token_time=max((s.last_token_time for s in stats if s.last_token_time is not None), default=None),
+        finished_time=None if None in finished else max(finished),
+        num_preemptions=sum(s.num_preemptions for s in stats),
+        num_cached_tokens=stats[0].num_cached_tokens)
+
+
 @dataclass(eq=False)
 class Sequence:
     request_id: str
@@ -62,10 +82,33 @@ class Sequence:
     stop_reason: str | int | None = None
     rng: np.random.Generator | None = None
     stats: SequenceStats = field(default_factory=lambda: SequenceStats(arrival_time=time.monotonic()))
+    # n > 1: the siblings this sequence (index 0) forks when its prompt is computed
+    # (Scheduler._fork); until then they hold sequence slots (max_num_seqs) in its name.
+    num_pending_forks: int = 0
+    # Structured decoding: the sequence's constraint state (e.g. a grammar matcher), None when
+    # unconstrained. It must have fork() -> an independent deep copy, called when the sequence
+    # forks. Preemption keeps a sequence's tokens (recompute), so its constraint stays valid.
+    constraint: object | None = None
 
     def __post_init__(self):
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
+
+    def fork(self, index: int) -> Sequence:
+        """A sibling continuing from the same tokens, with its own index (so its own seeded
+        generator), stats and constraint state; the caller shares the KV blocks."""
+        child = Sequence(self.request_id, self.prompt_token_ids, self.params, self.max_tokens,
+                         index=index, priority=self.priority, cache_salt=self.cache_salt,
+                         token_ids=list(self.token_ids),
+                         stats=dataclasses.replace(self.stats, num_preemptions=0))
+        if self.constraint is not None:
+            child.constraint = self.constraint.fork()
+        return child
+
+    @property
+    def can_stop(self) -> bool:
+        """Whether the newest token may end the sequence: min_tokens were generated before it."""
+        return self.num_output_tokens > self.params.min_tokens
 
     @property
     def num_prompt_tokens(self) -> int:

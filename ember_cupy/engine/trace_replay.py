@@ -1,7 +1,10 @@
-"""The scheduler and block manager driven without a model: for trace replay and property tests.
+"""Request traces through the real scheduler and block manager, with a stand-in for the model:
+for trace replay (tools/replay_trace.py) and the property tests.
 
-A "computed" token costs nothing; a sampled token is a deterministic function of the sequence so
-far, so the same trace always yields the same schedule.
+Only the model is faked: a step's forward pass costs nothing and a sampled token is a
+deterministic function of the sequence so far, so the same trace always gives the same
+schedule. Everything else (scheduling, forks, preemption, prefix caching, the post-step
+update and finishing) is the code LLMEngine runs.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ class TraceRequest:
     priority: int = 0
     prefix_id: int | None = None   # requests with the same prefix_id share their first tokens
     prefix_len: int = 0
+    n: int = 1                     # sequences sampled from the prompt
 
 
 @dataclass
@@ -38,10 +42,11 @@ class RequestTimeline:
 
 
 @dataclass
-class DryRun:
+class TraceReplay:
     config: EngineConfig
     num_blocks: int
     vocab_size: int = 1000
+    eos_token_ids: tuple[int, ...] = ()
     block_manager: BlockManager = field(init=False)
     scheduler: Scheduler = field(init=False)
     timelines: dict[str, RequestTimeline] = field(default_factory=dict)
@@ -50,51 +55,55 @@ class DryRun:
     def __post_init__(self):
         self.block_manager = BlockManager(self.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.config, self.block_manager)
-        self._seqs: dict[str, Sequence] = {}
+        self.scheduler = Scheduler(self.config, self.block_manager, self.eos_token_ids)
+        self._seqs: dict[str, list[Sequence]] = {}   # unfinished requests' sequences
 
     def add(self, request: TraceRequest) -> None:
         prompt = _prompt_tokens(request, self.vocab_size)
-        seq = Sequence(request.request_id, prompt, SamplingParams(max_tokens=request.max_tokens),
-                       request.max_tokens, priority=request.priority, stats=SequenceStats(0.0))
-        self._seqs[request.request_id] = seq
+        params = SamplingParams(max_tokens=request.max_tokens, n=request.n)
+        seq = Sequence(request.request_id, prompt, params, request.max_tokens, priority=request.priority,
+                       stats=SequenceStats(0.0), num_pending_forks=request.n - 1)
+        self._seqs[request.request_id] = [seq]
         self.timelines[request.request_id] = RequestTimeline(request.request_id, self.scheduler.step_count)
         self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> None:
-        seq = self._seqs.pop(request_id, None)
-        if seq is not None and not seq.is_finished:
-            self.scheduler.finish(seq, "abort")
-            self.timelines[request_id].finish_reason = "abort"
-            self.timelines[request_id].finished_step = self.scheduler.step_count
+        seqs = self._seqs.get(request_id)
+        if seqs is None:
+            return
+        for seq in seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
+        self._close(request_id, "abort")
 
     def step(self) -> ScheduledBatch:
         batch = self.scheduler.schedule()
         self.batches.append(batch)
         step = self.scheduler.step_count
-        for seq, num_tokens in batch.scheduled:
+        for seq, _ in batch.scheduled:
             timeline = self.timelines[seq.request_id]
             if timeline.first_scheduled_step is None:
                 timeline.first_scheduled_step = step
                 timeline.num_cached_tokens = seq.stats.num_cached_tokens
-            seq.num_computed_tokens += num_tokens
-            self.block_manager.cache_full_blocks(seq)
-            if seq.num_computed_tokens == seq.num_tokens:
-                self._sample(seq, step)
+        for child in batch.forked:
+            self._seqs[child.request_id].append(child)
+        tokens = [_token(seq.request_id, seq.index, seq.num_tokens) % self.vocab_size for seq, _ in batch.samples]
+        touched = {seq.request_id for seq in self.scheduler.update(batch, tokens)}
+        for request_id in touched:
+            seqs = self._seqs[request_id]
+            if all(seq.is_finished for seq in seqs):
+                self._close(request_id, seqs[0].finish_reason)
         return batch
 
-    def _sample(self, seq: Sequence, step: int) -> None:
-        seq.token_ids.append(_token(seq.request_id, seq.num_tokens) % self.vocab_size)
-        if seq.num_output_tokens >= seq.max_tokens:
-            self.scheduler.finish(seq, "length")
-            timeline = self.timelines[seq.request_id]
-            timeline.finished_step, timeline.finish_reason = step, "length"
-            timeline.num_preemptions = seq.stats.num_preemptions
-            del self._seqs[seq.request_id]
+    def _close(self, request_id: str, reason: str) -> None:
+        seqs = self._seqs.pop(request_id)
+        timeline = self.timelines[request_id]
+        timeline.finished_step, timeline.finish_reason = self.scheduler.step_count, reason
+        timeline.num_preemptions = sum(seq.stats.num_preemptions for seq in seqs)
 
     @property
     def live_sequences(self) -> list[Sequence]:
-        return list(self._seqs.values())
+        return [seq for seqs in self._seqs.values() for seq in seqs if not seq.is_finished]
 
     def run(self, trace: list[TraceRequest], max_steps: int = 100_000) -> dict[str, RequestTimeline]:
         pending = sorted(trace, key=lambda r: r.arrival_step)

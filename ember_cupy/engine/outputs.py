@@ -1,0 +1,111 @@
+"""What the engine hands back after each step, per request, and how deltas are merged.
+
+Output kinds (vLLM's RequestOutputKind), chosen per request in LLMEngine.add_request:
+  CUMULATIVE  every step: all text, token ids and logprobs so far (and the step's delta);
+  DELTA       every step: only what the step added (a stream: memory linear in the output);
+  FINAL_ONLY  once, when the request finishes, with everything.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from ember_cupy.engine.sampler import TokenLogprobs
+from ember_cupy.engine.sequence import SequenceStats
+
+
+class OutputKind(enum.Enum):
+    CUMULATIVE = "cumulative"
+    DELTA = "delta"
+    FINAL_ONLY = "final_only"
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str                               # all text so far (DELTA: the step's text)
+    token_ids: list[int]                    # all generated token ids so far (DELTA: the step's)
+    delta_text: str = ""                    # text released by this step
+    delta_token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None        # "stop" | "length" | "abort"
+    stop_reason: str | int | None = None    # the stop string or stop token id that ended it
+    logprobs: list[TokenLogprobs] | None = None   # one per token of token_ids
+    cumulative_logprob: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0
+    prompt_logprobs: list[TokenLogprobs | None] | None = None   # DELTA: in the first output only
+    metrics: SequenceStats | None = None    # over all n sequences (ember_cupy.engine.sequence.merge_stats)
+
+
+class _Pieces:
+    __slots__ = ("texts", "token_ids", "logprobs", "last")
+
+    def __init__(self):
+        self.texts: list[str] = []
+        self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprobs] | None = None
+        self.last: CompletionOutput | None = None
+
+
+class DeltaAccumulator:
+    """Merges consecutive DELTA outputs of one request into one DELTA output: what a slow
+    stream reader is handed in one piece, and, from the first output on, the full answer."""
+
+    def __init__(self):
+        self._reset()
+
+    def _reset(self) -> None:
+        self._latest: RequestOutput | None = None
+        self._prompt_logprobs = None
+        self._pieces: dict[int, _Pieces] = {}
+        self.num_chars = 0        # text held, in characters
+        self.num_token_ids = 0    # token ids held
+
+    def __bool__(self) -> bool:
+        return self._latest is not None
+
+    def add(self, output: RequestOutput) -> None:
+        self._latest = output
+        if self._prompt_logprobs is None:
+            self._prompt_logprobs = output.prompt_logprobs
+        for c in output.outputs:
+            pieces = self._pieces.setdefault(c.index, _Pieces())
+            pieces.texts.append(c.text)
+            pieces.token_ids += c.token_ids
+            if c.logprobs is not None:
+                pieces.logprobs = (pieces.logprobs or []) + c.logprobs
+            pieces.last = c
+            self.num_chars += len(c.text)
+            self.num_token_ids += len(c.token_ids)
+
+    def take(self) -> RequestOutput | None:
+        """The merged output (None if nothing was added since the last take), and a reset."""
+        latest = self._latest
+        if latest is None:
+            return None
+        outputs = []
+        for index in sorted(self._pieces):
+            pieces = self._pieces[index]
+            text, last = "".join(pieces.texts), pieces.last
+            outputs.append(CompletionOutput(
+                index=index, text=text, token_ids=pieces.token_ids, delta_text=text,
+                delta_token_ids=pieces.token_ids, finish_reason=last.finish_reason,
+                stop_reason=last.stop_reason, logprobs=pieces.logprobs,
+                cumulative_logprob=last.cumulative_logprob))
+        merged = RequestOutput(latest.request_id, latest.prompt, latest.prompt_token_ids, outputs,
+                               latest.finished, latest.num_cached_tokens, self._prompt_logprobs,
+                               latest.metrics)
+        self._reset()
+        return merged
