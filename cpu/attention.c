@@ -2,7 +2,9 @@
  * NumPy twin and semantics: ember_cupy/ops/attention.py.
  *
  * Sequence s owns queries q[qsl[s]:qsl[s+1]], the last q_len tokens of its context of ctx[s]
- * tokens; query i sits at position ctx - q_len + i and attends keys 0..position. K/V rows are
+ * tokens; query i sits at position ctx - q_len + i and attends keys 0..position (with a sliding
+ * window W > 0 only keys position-W+1..position; work items then skip the keys before the
+ * window of their first query). K/V rows are
  * read in place from the pages [num_blocks, block_size, Hk, D] through the block table (no
  * gather copy); caches hold float32 or float16 (converted to fp32 a chunk of keys at a time).
  *
@@ -51,8 +53,14 @@ typedef struct {
     int64_t table_stride;
     const int32_t *context_lens, *query_start_loc;
     float scale;
+    int32_t window;                          /* keys a query sees, itself included; 0 = all */
     float *out;                              /* [T, Hq, D] contiguous */
 } Problem;
+
+/* The first key a query at `position` sees. */
+static inline int32_t first_visible(int32_t position, int32_t window) {
+    return window > 0 && position - window + 1 > 0 ? position - window + 1 : 0;
+}
 
 typedef struct {
     int32_t seq, head, q0, nq, nparts;
@@ -259,24 +267,27 @@ static void run_item(const Problem *P, const Task *t, const Item *it, Scratch *s
             }
         }
         for (int qi = 0; qi < t->nq; qi++) {
-            const int32_t visible = first + t->q0 + qi + 1 - c0;   /* keys of the chunk it sees */
-            if (visible <= 0) continue;
-            const int n = visible < nk ? visible : nk;
+            const int32_t position = first + t->q0 + qi;
+            const int32_t visible = position + 1 - c0;   /* keys of the chunk up to the query */
+            const int32_t before = first_visible(position, P->window) - c0;   /* keys before its window */
+            const int skip = before > 0 ? before : 0;
+            const int n = (visible < nk ? visible : nk) - skip;
+            if (n <= 0) continue;
             for (int g = 0; g < G; g++) {
                 const int r = qi * G + g;
 #ifdef ATTN_AVX2
                 if (vector) {
                     row_chunk_avx2(sc->qs + (int64_t)r * D, sc->acc + (int64_t)r * D, sc->m + r, sc->l + r,
-                                   krow, vrow, n, D, sc->s);
+                                   krow + skip, vrow + skip, n, D, sc->s);
                     continue;
                 }
 #endif
                 row_chunk_scalar(sc->qs + (int64_t)r * D, sc->acc + (int64_t)r * D, sc->m + r, sc->l + r,
-                                 krow, vrow, n, D, sc->s);
+                                 krow + skip, vrow + skip, n, D, sc->s);
             }
         }
     }
-    if (t->nparts == 1) {   /* key 0 is in range: every row has l > 0 */
+    if (t->nparts == 1) {   /* every row's own key is in range: l > 0 */
         for (int qi = 0; qi < t->nq; qi++)
             for (int g = 0; g < G; g++) {
                 const int r = qi * G + g;
@@ -357,16 +368,18 @@ static void run_merges(void *ctx, int64_t begin, int64_t end) {
 /* out [T, Hq, D] float32 (contiguous); q [T, Hq, D] float32 with strides (in elements)
  * q_stride_t, q_stride_h and a contiguous last axis; caches [num_blocks, block_size, Hk, D]
  * contiguous, float32 (cache_f16 = 0) or float16 (1); block_tables [num_seqs, max_blocks] int32
- * with row stride table_stride; context_lens [num_seqs], query_start_loc [num_seqs + 1] int32.
+ * with row stride table_stride; context_lens [num_seqs], query_start_loc [num_seqs + 1] int32;
+ * window: keys a query sees, itself included (0 = all).
  * Returns 0, or: 1 bad shape, 2 bad lengths, 3 a block id out of range, 4 out of memory. */
-EMBER_EXPORT int ember_paged_attention(
+EMBER_EXPORT int ember_paged_attention_window(
         float *out, const float *q, int64_t q_stride_t, int64_t q_stride_h,
         const void *k_cache, const void *v_cache, int32_t cache_f16, int64_t num_blocks,
         int32_t block_size, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
         const int32_t *block_tables, int64_t table_stride, int32_t max_blocks,
-        const int32_t *context_lens, const int32_t *query_start_loc, int32_t num_seqs, float scale) {
+        const int32_t *context_lens, const int32_t *query_start_loc, int32_t num_seqs, float scale,
+        int32_t window) {
     if (num_heads <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads || head_dim <= 0 ||
-        block_size <= 0 || num_seqs < 0 || max_blocks < 0)
+        block_size <= 0 || num_seqs < 0 || max_blocks < 0 || window < 0)
         return ATTN_BAD_SHAPE;
     const int G = num_heads / num_kv_heads, D = head_dim;
     /* pass 1: validate, count tasks, items and partial-result floats */
@@ -382,7 +395,8 @@ EMBER_EXPORT int ember_paged_attention(
         const int32_t tiles = (q_len + QUERY_TILE - 1) / QUERY_TILE;
         num_tasks += (int64_t)tiles * num_kv_heads;
         if (tiles == 1) {
-            const int32_t parts = (ctx + KEY_SPLIT - 1) / KEY_SPLIT;
+            const int32_t keys = ctx - first_visible(ctx - q_len, window);
+            const int32_t parts = (keys + KEY_SPLIT - 1) / KEY_SPLIT;
             num_items += (int64_t)parts * num_kv_heads;
             if (parts > 1) ws_floats += (int64_t)num_kv_heads * parts * q_len * G * (D + 2);
         } else {
@@ -414,14 +428,15 @@ EMBER_EXPORT int ember_paged_attention(
                 t->seq = s; t->head = h; t->q0 = tile * QUERY_TILE;
                 t->nq = q_len - t->q0 < QUERY_TILE ? q_len - t->q0 : QUERY_TILE;
                 const int32_t visible = ctx - q_len + t->q0 + t->nq;   /* keys up to its last query */
-                t->nparts = tiles == 1 ? (ctx + KEY_SPLIT - 1) / KEY_SPLIT : 1;
+                const int32_t lo = first_visible(ctx - q_len + t->q0, window);   /* its first query's first */
+                t->nparts = tiles == 1 ? (visible - lo + KEY_SPLIT - 1) / KEY_SPLIT : 1;
                 t->ws = wo;
                 if (t->nparts > 1) wo += (int64_t)t->nparts * t->nq * G * (D + 2);
                 for (int32_t p = 0; p < t->nparts; p++) {
                     Item *it = &items[ii++];
                     it->task = (int32_t)ti; it->part = p;
-                    it->k0 = t->nparts == 1 ? 0 : p * KEY_SPLIT;
-                    it->k1 = t->nparts == 1 || (p + 1) * KEY_SPLIT > visible ? visible : (p + 1) * KEY_SPLIT;
+                    it->k0 = lo + p * KEY_SPLIT;
+                    it->k1 = t->nparts == 1 || lo + (p + 1) * KEY_SPLIT > visible ? visible : lo + (p + 1) * KEY_SPLIT;
                     it->cost = (int64_t)(it->k1 - it->k0) * t->nq;
                 }
                 ti++;
@@ -433,7 +448,7 @@ EMBER_EXPORT int ember_paged_attention(
     if (total_cost < MIN_PARALLEL_COST) threads = 1;   /* the fork would cost more than it saves */
     const Problem P = {q, q_stride_t, q_stride_h, k_cache, v_cache, cache_f16 != 0, block_size, num_heads,
                        num_kv_heads, head_dim, G, block_tables, table_stride, context_lens, query_start_loc,
-                       scale, out};
+                       scale, window, out};
     Job job = {&P, tasks, items, num_items, num_tasks, ws, scratch, scratch_floats, rows, 0};
     if (threads > 1) ember_parallel_for(threads, run_items, &job);
     else run_items(&job, 0, 1);
@@ -444,4 +459,17 @@ EMBER_EXPORT int ember_paged_attention(
     }
     free(tasks); free(items); free(ws); free(scratch);
     return ATTN_OK;
+}
+
+/* Full causal attention (no window): the entry cpu/layer.c calls. */
+EMBER_EXPORT int ember_paged_attention(
+        float *out, const float *q, int64_t q_stride_t, int64_t q_stride_h,
+        const void *k_cache, const void *v_cache, int32_t cache_f16, int64_t num_blocks,
+        int32_t block_size, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
+        const int32_t *block_tables, int64_t table_stride, int32_t max_blocks,
+        const int32_t *context_lens, const int32_t *query_start_loc, int32_t num_seqs, float scale) {
+    return ember_paged_attention_window(out, q, q_stride_t, q_stride_h, k_cache, v_cache, cache_f16,
+                                        num_blocks, block_size, num_heads, num_kv_heads, head_dim,
+                                        block_tables, table_stride, max_blocks, context_lens,
+                                        query_start_loc, num_seqs, scale, 0);
 }

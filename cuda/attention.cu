@@ -2,7 +2,8 @@
 // chunked prefill (q_len > 1, attending to cached pages + the new chunk) in one kernel.
 //
 // Sequence s owns query rows [query_start_loc[s], query_start_loc[s+1]), the last q_len tokens
-// of its context of context_lens[s] tokens; query i attends keys 0 .. context_len - q_len + i.
+// of its context of context_lens[s] tokens; query i attends keys 0 .. position = context_len - q_len + i,
+// or with a sliding window > 0 only the `window` keys position - window + 1 .. position.
 // K/V pages [num_blocks, block_size, Hk, D] are read through block_tables[s].
 //
 // One block per (query token, KV head) serves the whole GQA group of that head, so each K/V row
@@ -127,11 +128,13 @@ __device__ void paged_attention(T* __restrict__ out, const T* __restrict__ q, co
                                 const T* __restrict__ v_cache, const int* __restrict__ block_tables,
                                 const int* __restrict__ context_lens, const int* __restrict__ query_start_loc,
                                 int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
-                                int max_blocks, int q_token_stride, int q_head_stride, float scale) {
+                                int max_blocks, int q_token_stride, int q_head_stride, float scale,
+                                int window) {
   const int token = blockIdx.x, kv_head = blockIdx.y, group = num_heads / num_kv_heads;
   const int seq = sequence_of(query_start_loc, num_seqs, token);
   const int q_start = query_start_loc[seq], q_len = query_start_loc[seq + 1] - q_start;
   const int num_keys = context_lens[seq] - q_len + (token - q_start) + 1;
+  const int first_key = window > 0 ? max(num_keys - window, 0) : 0;
   const int* table = block_tables + (long long)seq * max_blocks;
   const int row = num_kv_heads * head_dim;
   const long long kv_offset = (long long)kv_head * head_dim;
@@ -151,7 +154,7 @@ __device__ void paged_attention(T* __restrict__ out, const T* __restrict__ q, co
   for (int c = 0; c < kMaxAccumulators; ++c) acc[c] = 0.0f;
   __syncthreads();
 
-  for (int first = 0; first < num_keys; first += kTile) {
+  for (int first = first_key; first < num_keys; first += kTile) {
     const int n = min(kTile, num_keys - first);
     tile_scores(s, k_cache, table, first, n, group, head_dim, block_size, kv_offset, row);
     __syncthreads();
@@ -176,9 +179,10 @@ __device__ void paged_attention(T* __restrict__ out, const T* __restrict__ q, co
       T* out, const T* q, const T* k_cache, const T* v_cache, const int* block_tables,           \
       const int* context_lens, const int* query_start_loc, int num_seqs, int num_heads,          \
       int num_kv_heads, int head_dim, int block_size, int max_blocks, int q_token_stride,        \
-      int q_head_stride, float scale) {                                                           \
+      int q_head_stride, float scale, int window) {                                               \
     ember::paged_attention<T>(out, q, k_cache, v_cache, block_tables, context_lens,              \
                               query_start_loc, num_seqs, num_heads, num_kv_heads, head_dim,      \
-                              block_size, max_blocks, q_token_stride, q_head_stride, scale);     \
+                              block_size, max_blocks, q_token_stride, q_head_stride, scale,      \
+                              window);                                                           \
   }
 EMBER_FOR_EACH_DTYPE(EMBER_ATTENTION_ENTRIES)

@@ -44,10 +44,11 @@ def make_batch(rng, seqs, num_kv_heads=3, group=3, head_dim=64, dtype=np.float32
     return (q, k_cache, v_cache, tables, context_lens, query_start_loc, head_dim ** -0.5), clean
 
 
-def assert_matches_twin(library, args, clean_tables, dtype):
+def assert_matches_twin(library, args, clean_tables, dtype, window=0):
     q, k_cache, v_cache, tables, context_lens, query_start_loc, scale = args
-    ours = paged_attention_host(*args, library=library)
-    twin = paged_attention_numpy(q, k_cache, v_cache, clean_tables, context_lens, query_start_loc, scale)
+    ours = paged_attention_host(*args, library=library, window=window)
+    twin = paged_attention_numpy(q, k_cache, v_cache, clean_tables, context_lens, query_start_loc, scale,
+                                 window)
     assert ours.dtype == np.float32 and ours.shape == q.shape
     tolerance = 1e-5 if dtype == np.float32 else 2e-5
     np.testing.assert_allclose(ours, twin, rtol=tolerance, atol=tolerance * np.abs(twin).max())
@@ -84,6 +85,21 @@ def test_chunked_prefills_mixed_with_decodes(library, dtype, group):
     seqs = [(1, 1), (700, 45), (33, 1), (600, 7), (17, 17), (416, 1), (129, 128), (5, 5), (300, 1)]
     args, clean = make_batch(rng, seqs, group=group, dtype=dtype)
     assert_matches_twin(library, args, clean, dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("window", [1, 5, 16, 100, 128, 129, 512])
+def test_sliding_window_equals_the_twin(library, dtype, window):
+    """Decodes, whole prompts and chunks, with contexts shorter and longer than the window and
+    split into key ranges (one query tile) or not; head_dim 20 takes the scalar path."""
+    rng = np.random.default_rng(window)
+    seqs = [(1, 1), (700, 45), (33, 1), (600, 7), (17, 17), (416, 1), (129, 128), (300, 300), (1000, 1)]
+    args, clean = make_batch(rng, seqs, group=2, dtype=dtype)
+    windowed = assert_matches_twin(library, args, clean, dtype, window)
+    full = paged_attention_host(*args, library=library)
+    assert (window >= 1000) == np.array_equal(windowed, full)
+    args, clean = make_batch(rng, [(40, 40), (90, 1)], group=1, head_dim=20, dtype=dtype)
+    assert_matches_twin(library, args, clean, dtype, window)
 
 
 def test_float16_cache_is_the_twin_on_the_same_rounded_values(library):

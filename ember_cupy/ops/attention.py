@@ -3,7 +3,8 @@ of the host kernel cpu/attention.c).
 
 Sequence s owns queries q[query_start_loc[s]:query_start_loc[s+1]], the last q_len tokens of
 its context of context_lens[s] tokens; query i sits at position context_len - q_len + i and
-attends keys 0..position. K/V are read only through block_tables[s] (padded rows may hold any
+attends keys 0..position, or with a sliding window of W > 0 only the W keys position-W+1..position
+(Mistral's and Gemma's local layers: HF's `sliding_window`). K/V are read only through block_tables[s] (padded rows may hold any
 block id; entries past the context are masked). Caches may hold float32 or float16 (a 16-bit
 KV cache); scores, softmax and the output are computed in float32.
 
@@ -39,17 +40,29 @@ PREFILL_TILE = 64
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                     block_tables: np.ndarray, context_lens: np.ndarray,
-                    query_start_loc: np.ndarray, scale: float) -> np.ndarray:
-    """q [T, Hq, D]; caches [num_blocks, block_size, Hk, D] -> out [T, Hq, D]."""
+                    query_start_loc: np.ndarray, scale: float, window: int = 0) -> np.ndarray:
+    """q [T, Hq, D]; caches [num_blocks, block_size, Hk, D] -> out [T, Hq, D]; window: keys a
+    query sees, itself included (0 = all before it)."""
+    _check_window(window)
     if _cuda.wants_kernel(q):
         return _paged_attention_kernel(q, k_cache, v_cache, block_tables, context_lens,
-                                       query_start_loc, scale)
+                                       query_start_loc, scale, window)
     library = _host.active()
     if library is not None and _host_kernel_applies(q, k_cache, v_cache):
         return paged_attention_host(q, k_cache, v_cache, block_tables, context_lens,
-                                    query_start_loc, scale, library)
+                                    query_start_loc, scale, library, window)
     return paged_attention_numpy(q, k_cache, v_cache, block_tables, context_lens,
-                                 query_start_loc, scale)
+                                 query_start_loc, scale, window)
+
+
+def _check_window(window) -> None:
+    if int(window) != window or window < 0:
+        raise ValueError(f"paged_attention: window must be an int >= 0 (0 = none), got {window!r}")
+
+
+def _first_visible(position, window: int):
+    """The first key a query at `position` sees (arrays broadcast)."""
+    return 0 * position if window <= 0 else np.maximum(position - window + 1, 0)
 
 
 # ---- host kernel (cpu/attention.c) -----------------------------------------------------------
@@ -57,8 +70,9 @@ _HOST_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64,    # caches, f16, blocks
                   ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,      # bs, Hq, Hk, D
                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,                     # tables
-                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_float]    # lens, qsl, S, scale
-_host.register_signature("ember_paged_attention", _HOST_ARGTYPES, ctypes.c_int)
+                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_float,    # lens, qsl, S, scale
+                  ctypes.c_int32]                                                      # window
+_host.register_signature("ember_paged_attention_window", _HOST_ARGTYPES, ctypes.c_int)
 HOST_CACHE_DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
 _HOST_ERRORS = {1: "bad shape", 2: "bad query_start_loc / context_lens", 3: "a block id out of range",
                 4: "out of memory"}
@@ -73,8 +87,9 @@ def _host_kernel_applies(q, k_cache, v_cache) -> bool:
 
 
 def paged_attention_host(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
-                         library=None) -> np.ndarray:
+                         library=None, window: int = 0) -> np.ndarray:
     """The host kernel: K/V read in place through the block tables, fp32 online softmax."""
+    _check_window(window)
     library = library or _host.active()
     if not _host_kernel_applies(q, k_cache, v_cache):
         raise ValueError("paged_attention_host: float32 q with a contiguous last axis and "
@@ -93,7 +108,7 @@ def paged_attention_host(q, k_cache, v_cache, block_tables, context_lens, query_
                          "within q's tokens and block_tables a row per sequence")
     if not num_tokens:
         return out
-    function = library.lib.ember_paged_attention
+    function = library.lib.ember_paged_attention_window
     if function.argtypes is None:   # a library loaded before this module registered the signature
         function.argtypes, function.restype = _HOST_ARGTYPES, ctypes.c_int
     status = function(
@@ -101,7 +116,7 @@ def paged_attention_host(q, k_cache, v_cache, block_tables, context_lens, query_
         k_cache.ctypes.data, v_cache.ctypes.data, HOST_CACHE_DTYPES[k_cache.dtype], num_blocks,
         block_size, num_heads, num_kv_heads, head_dim,
         tables.ctypes.data, tables.shape[1], tables.shape[1],
-        lens.ctypes.data, starts.ctypes.data, len(lens), float(scale))
+        lens.ctypes.data, starts.ctypes.data, len(lens), float(scale), int(window))
     if status:
         raise ValueError(f"ember_paged_attention failed: {_HOST_ERRORS.get(status, status)}")
     return out
@@ -109,20 +124,21 @@ def paged_attention_host(q, k_cache, v_cache, block_tables, context_lens, query_
 
 # ---- NumPy twin --------------------------------------------------------------------------------
 def paged_attention_numpy(q, k_cache, v_cache, block_tables, context_lens, query_start_loc,
-                          scale) -> np.ndarray:
+                          scale, window: int = 0) -> np.ndarray:
     """The reference: K/V pages gathered (cast to float32), dense softmax per decode group /
     prefill tile."""
+    _check_window(window)
     out = np.empty_like(q)
     query_lens = np.diff(query_start_loc)
     decodes = np.flatnonzero(query_lens == 1)
     for group in _similar_length_groups(decodes, context_lens):
         rows = query_start_loc[group]
         out[rows] = _decode_attention(q[rows], k_cache, v_cache, block_tables[group],
-                                      context_lens[group], scale)
+                                      context_lens[group], scale, window)
     for s in np.flatnonzero(query_lens > 1):
         start, end = int(query_start_loc[s]), int(query_start_loc[s + 1])
         out[start:end] = _prefill_attention(q[start:end], k_cache, v_cache, block_tables[s],
-                                            int(context_lens[s]), scale)
+                                            int(context_lens[s]), scale, window)
     return out
 
 
@@ -160,7 +176,7 @@ def _softmax_inplace(scores: np.ndarray) -> np.ndarray:
     return scores
 
 
-def _decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale):
+def _decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, window: int):
     """One query per sequence, all sequences at once, padded to whole blocks of the longest.
 
     Scores are computed as K @ q^T ([L, D] @ [D, G] per KV head): OpenBLAS runs q @ K^T with a
@@ -177,13 +193,15 @@ def _decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale):
     scores = np.matmul(keys, queries.transpose(0, 1, 3, 2))             # [S, Hk, L, G]
     # small copy; reductions along a strided axis of length G are ~40x slower
     scores = np.ascontiguousarray(scores.transpose(0, 1, 3, 2))         # [S, Hk, G, L]
-    padding = np.arange(num_blocks * block_size)[None, :] >= context_lens[:, None]   # [S, L]
+    key_positions = np.arange(num_blocks * block_size)[None, :]
+    padding = key_positions >= context_lens[:, None]                                 # [S, L]
+    padding |= key_positions < _first_visible(context_lens[:, None] - 1, window)    # out of the window
     scores += np.where(padding, np.float32(-np.inf), np.float32(0.0))[:, None, None, :]
     probs = _softmax_inplace(scores)
     return np.matmul(probs, values).reshape(num_seqs, num_heads, head_dim)
 
 
-def _prefill_attention(q, k_cache, v_cache, block_table, context_len, scale):
+def _prefill_attention(q, k_cache, v_cache, block_table, context_len, scale, window: int):
     """q_len queries of one sequence, causal over its whole context, tiled over queries."""
     q_len, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -209,6 +227,7 @@ def _prefill_attention(q, k_cache, v_cache, block_table, context_len, scale):
             num_kv_heads, group, stop - start, visible)
         query_positions = first_position + np.arange(start, stop)
         future = key_positions[None, :visible] > query_positions[:, None]       # [t, visible]
+        future |= key_positions[None, :visible] < _first_visible(query_positions[:, None], window)
         scores += np.where(future, np.float32(-np.inf), np.float32(0.0))
         probs = _softmax_inplace(scores).reshape(num_kv_heads, -1, visible)
         out[:, :, start:stop] = np.matmul(probs, values[:, :visible]).reshape(
@@ -216,7 +235,8 @@ def _prefill_attention(q, k_cache, v_cache, block_table, context_len, scale):
     return out.transpose(2, 0, 1, 3).reshape(q_len, num_heads, head_dim)
 
 
-def _paged_attention_kernel(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale):
+def _paged_attention_kernel(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
+                            window: int = 0):
     """One block per (query token, KV head); q may be a strided view (e.g. into a fused qkv)."""
     xp = array_module(q)
     num_tokens, num_heads, head_dim = q.shape
@@ -235,6 +255,6 @@ def _paged_attention_kernel(q, k_cache, v_cache, block_tables, context_lens, que
         (out, q, contiguous(xp, k_cache, "k_cache"), contiguous(xp, v_cache, "v_cache"), tables,
          int32_array(xp, context_lens), int32_array(xp, query_start_loc), i32(tables.shape[0]),
          i32(num_heads), i32(num_kv_heads), i32(head_dim), i32(block_size), i32(tables.shape[1]),
-         stride(q, 0), stride(q, 1), np.float32(scale)),
+         stride(q, 0), stride(q, 1), np.float32(scale), i32(window)),
         shared_mem=4 * (shared_floats + TILE))
     return out

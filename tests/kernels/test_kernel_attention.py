@@ -28,10 +28,12 @@ def make_batch(rng, context_lens, query_lens, block_size, num_heads, num_kv_head
     return q, *caches, tables, np.asarray(context_lens, np.int32), query_start_loc
 
 
-def check(q, k_cache, v_cache, tables, context_lens, query_start_loc, dtype):
+def check(q, k_cache, v_cache, tables, context_lens, query_start_loc, dtype, window=0):
     scale = q.shape[-1] ** -0.5
-    got = on_kernel(ops.paged_attention, q, k_cache, v_cache, tables, context_lens, query_start_loc, scale)
-    want = ops.paged_attention(f32(q), f32(k_cache), f32(v_cache), tables, context_lens, query_start_loc, scale)
+    got = on_kernel(ops.paged_attention, q, k_cache, v_cache, tables, context_lens, query_start_loc, scale,
+                    window)
+    want = ops.paged_attention(f32(q), f32(k_cache), f32(v_cache), tables, context_lens, query_start_loc, scale,
+                               window)
     assert got.dtype == q.dtype and got.shape == q.shape
     assert_close(got, want, dtype)
 
@@ -60,6 +62,14 @@ def test_block_sizes_and_long_chunk(block_size):
     rng = np.random.default_rng(12)
     contexts, queries = [131, 70], [4, 70]
     check(*make_batch(rng, contexts, queries, block_size, 9, 3, 64, "float32"), "float32")
+
+
+@pytest.mark.parametrize("window", [1, 7, 128, 200])
+def test_sliding_window(window):
+    """Decodes and chunks past the window, and shorter than it; windows below, at and above the key tile."""
+    rng = np.random.default_rng(window)
+    contexts, queries = [300, 140, 9, 260], [1, 30, 9, 260]
+    check(*make_batch(rng, contexts, queries, 16, 6, 2, 64, "float32"), "float32", window)
 
 
 def test_large_head_dim_group_8():
