@@ -4,7 +4,7 @@ from ember_cupy.config import EngineConfig, ModelConfig
 from ember_cupy.llm import LLM
 from ember_cupy.outputs import CompletionOutput, RequestOutput
 from ember_cupy.sampling_params import SamplingParams
+from ember_cupy.version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "EngineConfig", "ModelConfig", "RequestOutput",
            "CompletionOutput", "__version__"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import resource
 import sys
 
-import ember_cupy
+from ember_cupy.version import __version__
 
 
 def peak_rss_bytes() -> int:
@@ -27,7 +27,7 @@ def host_kernel_info() -> dict:
 def runtime_info(engine=None) -> dict:
     """Facts about the runtime; with an `LLMEngine`, its serving format and memory too."""
     from ember_cupy.backend import get_backend_name
-    info = {"version": ember_cupy.__version__, "backend": get_backend_name()}
+    info = {"version": __version__, "backend": get_backend_name()}
     if info["backend"] == "numpy":
         info["host_kernels"] = host_kernel_info()
     if engine is not None:
