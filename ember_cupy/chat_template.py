@@ -50,6 +50,9 @@ class ChatTemplate:
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
         self._template = env.from_string(source)
+        # a template that reads `tools` renders them (and its own tool-call format) itself;
+        # the others get ember_cupy/tool_calls.py's generic format
+        self.supports_tools = "tools" in source
         self.bos_token = bos_token
         self.eos_token = eos_token
 

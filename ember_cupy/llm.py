@@ -1,9 +1,11 @@
 """The standalone Python API: `LLM(model).generate(...)` and `LLM.chat(...)`."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Sequence as Seq
 
+from ember_cupy import tool_calls
 from ember_cupy.config import EngineConfig
 from ember_cupy.engine.llm_engine import LLMEngine
 from ember_cupy.outputs import RequestOutput
@@ -41,13 +43,38 @@ class LLM:
                 self.engine.abort(request_id)
             raise
 
-    def chat(self, messages, params: SamplingParams | None = None,
-             add_generation_prompt: bool = True) -> list[RequestOutput]:
-        """messages: one conversation (list of {"role", "content"}) or a list of them."""
+    def chat(self, messages, params: SamplingParams | None = None, add_generation_prompt: bool = True,
+             *, tools: list[dict] | None = None, tool_choice=None, parallel_tool_calls: bool = True,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """messages: one conversation (list of {"role", "content"}) or a list of them.
+
+        tools / tool_choice / parallel_tool_calls: OpenAI's (ember_cupy/tool_calls.py); a
+        completion that called functions has finish_reason "tool_calls" and its `tool_calls`
+        (ToolCall: id, name, arguments as JSON text)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt)
-                   for c in conversations]
-        return self.generate(prompts, params)
+        spec = tool_calls.parse_tools(tools, tool_choice, parallel_tool_calls)
+        params = self._with_tool_constraint(params or SamplingParams(), spec)
+        prompts = [tool_calls.render_chat(self.tokenizer, c, spec, add_generation_prompt,
+                                          **(chat_template_kwargs or {})) for c in conversations]
+        outputs = self.generate(prompts, params)
+        if spec.active:
+            supports = tool_calls.template_supports_tools(self.tokenizer)
+            for output in outputs:
+                for completion in output.outputs:
+                    _, calls = tool_calls.parse_output(completion.text, spec, supports)
+                    if calls:
+                        completion.tool_calls = calls
+                        completion.finish_reason = "tool_calls"
+        return outputs
+
+    def _with_tool_constraint(self, params: SamplingParams, spec: tool_calls.ToolSpec) -> SamplingParams:
+        constraint = tool_calls.output_constraint(spec, tool_calls.template_supports_tools(self.tokenizer))
+        if constraint is None:
+            return params
+        if params.structured_outputs is not None:
+            raise ValueError("SamplingParams.structured_outputs cannot be combined with tool_choice "
+                             f"{spec.mode!r}: the tool calls constrain the output already")
+        return dataclasses.replace(params, structured_outputs=constraint)
 
     def _run(self, request_ids: list[str]) -> list[RequestOutput]:
         final: dict[str, RequestOutput] = {}

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ember_cupy.structured.params import StructuredOutputsParams
+
 MAX_LOGPROBS = 20
 MAX_N = 128
 MAX_STOP_STRINGS = 16     # stop sequences per request (OpenAI allows 4; vLLM does not bound them)
@@ -50,6 +52,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # constrained decoding: a JSON schema, any JSON object, a regex, a choice or a grammar (a
+    # StructuredOutputsParams or a dict of its fields); vLLM's name
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -88,6 +93,7 @@ class SamplingParams:
             _require(value is None or (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS),
                      f"SamplingParams.{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
         self._validate_logit_bias()
+        set_("structured_outputs", StructuredOutputsParams.from_value(self.structured_outputs))
 
     def _validate_logit_bias(self):
         if not self.logit_bias:

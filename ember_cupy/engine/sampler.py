@@ -2,6 +2,9 @@
 
 Order of processing, as vLLM v1's sampler:
 
+0. Structured decoding: a sequence with a constraint (Sequence.constraint, ember_cupy/structured/)
+   has every token its grammar does not allow next set to -inf (on the device under CuPy), before
+   anything below; the sampled token is then fed to its matcher.
 1. Logprobs are the RAW model logprobs (vLLM's default ``logprobs_mode="raw_logprobs"``): the
    log-softmax of the logits before min_tokens, logit_bias, penalties and temperature. A token
    forced by logit_bias reports its model logprob, not 0.0; the top logprobs are the raw top.
@@ -45,6 +48,7 @@ import numpy as np
 
 from ember_cupy.engine.sequence import Sequence
 from ember_cupy.ops import _host
+from ember_cupy.structured.bitmask import apply_token_bitmask, apply_token_bitmask_numpy, fill_bitmasks
 
 _host.register_signature("ember_kth_largest", [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                                ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int)
@@ -186,7 +190,23 @@ class Sampler:
         self.eos_token_ids = list(eos_token_ids)
 
     def __call__(self, logits, seqs: list[Sequence]) -> SamplerOutput:
+        output = self._sample_rows(logits, seqs)
+        for seq, token in zip(seqs, output.token_ids):
+            if seq.constraint is not None:
+                seq.constraint.accept(token)
+        return output
+
+    def _sample_rows(self, logits, seqs: list[Sequence]) -> SamplerOutput:
+        logprob_rows = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
+        grammar = self._grammar_masks(seqs, logits.shape[-1])
+        raw = None   # the rows that report logprobs, before the grammar mask
         if not isinstance(logits, np.ndarray):  # on the device: copy back only what is needed
+            if grammar is not None:
+                if logprob_rows:
+                    raw = logits[np.asarray(logprob_rows)].astype(np.float32).get()
+                logits = logits.astype(np.float32)          # a private copy: the mask writes -inf
+                apply_token_bitmask(logits, *grammar)
+                grammar = None
             if all(self._plain_greedy(seq) for seq in seqs):
                 masked = logits.copy()
                 masked[masked != masked] = -np.inf          # NaN never wins the argmax
@@ -195,8 +215,11 @@ class Sampler:
         logits = np.array(logits, dtype=np.float32)   # a private host copy we may modify
         if np.isnan(logits.max(axis=-1)).any():
             logits[np.isnan(logits)] = -np.inf
-        logprob_rows = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
-        logprobs = log_softmax(logits[logprob_rows]) if logprob_rows else None   # raw, as vLLM
+        if logprob_rows:
+            raw = logits[logprob_rows] if raw is None else np.where(np.isnan(raw), np.float32(-np.inf), raw)
+        logprobs = log_softmax(raw) if logprob_rows else None   # raw, as vLLM
+        if grammar is not None:
+            apply_token_bitmask(logits, *grammar)
         self._process(logits, seqs)
         token_ids = np.argmax(logits, axis=-1)
         random_rows = [i for i, seq in enumerate(seqs) if not seq.params.greedy]
@@ -208,6 +231,17 @@ class Sampler:
             token = token_ids[row]
             entries[row] = TokenLogprobs(token, float(values[token]), top_logprobs(values, seqs[row].params.logprobs))
         return SamplerOutput(token_ids=token_ids, logprobs=entries)
+
+    @staticmethod
+    def _grammar_masks(seqs: list[Sequence], vocab: int):
+        """(bitmask, rows) of the constrained rows, or None: the mask goes on before everything
+        else (min_tokens, bias, penalties, temperature); logprobs stay the raw model's."""
+        rows = [i for i, seq in enumerate(seqs) if seq.constraint is not None]
+        if not rows:
+            return None
+        for i in rows:
+            seqs[i].constraint.sync(seqs[i].output_token_ids)
+        return fill_bitmasks([seqs[i].constraint for i in rows], vocab), np.asarray(rows, dtype=np.int32)
 
     @staticmethod
     def _plain_greedy(seq: Sequence) -> bool:

@@ -17,6 +17,9 @@ from ember_cupy.structured.constraint import GrammarConstraint
 from ember_cupy.structured.params import StructuredOutputsParams
 
 CACHE_SIZE = 256
+# JSON is written with ", " and ": " and no other white space (a schema's "x-guidance" may say
+# otherwise): free white space lets a small model pad its output with newlines until max_tokens.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # llguidance's kind names for ours (json_object is compiled as its any-object schema)
 _FORMATS = {"json": "json_schema", "json_object": "json_schema", "regex": "regex", "choice": "choice",
             "grammar": "grammar"}
@@ -66,7 +69,10 @@ class GrammarCompiler:
     def _build(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
         kind, spec = params.key
         try:
-            grammar = llguidance.grammar_from(_FORMATS[kind], spec)
+            if _FORMATS[kind] == "json_schema":
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(spec, defaults=JSON_LAYOUT)
+            else:
+                grammar = llguidance.grammar_from(_FORMATS[kind], spec)
         except ValueError as exc:
             raise ValueError(f"structured_outputs.{kind}: {exc}") from None
         matcher = llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0)

@@ -1,0 +1,225 @@
+"""Constrained decoding through the Python API on the real default model: every output of a JSON
+schema, regex, choice or Lark grammar matches it, greedy and sampled, with n > 1, preemption,
+prefix caching, stop strings, logprobs and streaming; bad constraints are ValueErrors."""
+import json
+import re
+
+import jsonschema
+import pytest
+
+from ember_cupy import LLM, SamplingParams
+from ember_cupy.structured import StructuredOutputsParams
+
+SEEDS = (1, 2, 3)
+
+SCHEMAS = {
+    "nested_object": {"type": "object", "properties": {
+        "user": {"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 16},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+            "required": ["name", "age"], "additionalProperties": False}},
+        "required": ["user"], "additionalProperties": False},
+    "int_array_2_to_4": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999},
+                         "minItems": 2, "maxItems": 4},
+    "enum": {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}},
+             "required": ["color"], "additionalProperties": False},
+    "const": {"type": "object", "properties": {"version": {"const": 2}, "kind": {"const": "point"}},
+              "required": ["version", "kind"], "additionalProperties": False},
+    "pattern": {"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                "required": ["zip"], "additionalProperties": False},
+    "formats": {"type": "object", "properties": {
+        "day": {"type": "string", "format": "date"},
+        "id": {"type": "string", "format": "uuid"}},
+        "required": ["day", "id"], "additionalProperties": False},
+    "number_bounds": {"type": "object", "properties": {
+        "celsius": {"type": "number", "minimum": -10.5, "maximum": 40},
+        "count": {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10}},
+        "required": ["celsius", "count"], "additionalProperties": False},
+    "optional_fields": {"type": "object", "properties": {
+        "title": {"type": "string", "maxLength": 20},
+        "subtitle": {"type": "string", "maxLength": 20},
+        "pages": {"type": "integer", "minimum": 1, "maximum": 999}},
+        "required": ["title"], "additionalProperties": False},
+    "ref_defs": {"$defs": {"point": {"type": "object", "properties": {
+        "x": {"type": "integer", "minimum": -99, "maximum": 99},
+        "y": {"type": "integer", "minimum": -99, "maximum": 99}},
+        "required": ["x", "y"], "additionalProperties": False}},
+        "type": "object", "properties": {"start": {"$ref": "#/$defs/point"}, "end": {"$ref": "#/$defs/point"}},
+        "required": ["start", "end"], "additionalProperties": False},
+    "object_array_1_to_3": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
+        "type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99},
+                                         "done": {"type": "boolean"}},
+        "required": ["id", "done"], "additionalProperties": False}},
+    "any_of": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9999},
+                         {"type": "object", "properties": {"error": {"type": "string", "maxLength": 16}},
+                          "required": ["error"], "additionalProperties": False}]},
+    "nullable": {"type": "object", "properties": {"ok": {"type": "boolean"},
+                                                  "note": {"type": ["string", "null"], "maxLength": 12}},
+                 "required": ["ok", "note"], "additionalProperties": False},
+    "string_length": {"type": "string", "minLength": 3, "maxLength": 8},
+}
+
+
+def json_params(schema, **sampling) -> SamplingParams:
+    return SamplingParams(max_tokens=80, structured_outputs=StructuredOutputsParams(json=schema), **sampling)
+
+
+def chat_prompt(llm, text: str) -> str:
+    return llm.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoint):
+    return LLM(checkpoint, max_num_seqs=64)
+
+
+def assert_valid(text: str, schema: dict, finish_reason: str) -> None:
+    assert finish_reason == "stop", f"unfinished ({finish_reason}): {text!r}"
+    jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
+
+
+def test_schema_suite_greedy_and_sampled(llm):
+    """Every schema at temperature 0 and at temperature 1 with several seeds, in one batch."""
+    prompts, params, names = [], [], []
+    for name, schema in SCHEMAS.items():
+        prompt = chat_prompt(llm, f"Reply with JSON for this schema: {json.dumps(schema)}")
+        for sampling in [dict(temperature=0.0)] + [dict(temperature=1.0, seed=s) for s in SEEDS]:
+            prompts.append(prompt)
+            params.append(json_params(schema, **sampling))
+            names.append(name)
+    outputs = llm.generate(prompts, params)
+    for name, output in zip(names, outputs):
+        completion = output.outputs[0]
+        assert_valid(completion.text, SCHEMAS[name], completion.finish_reason)
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_json_object_regex_choice_grammar(llm):
+    lark = 'start: greeting " " name "!"\ngreeting: "Hello" | "Hi"\nname: /[A-Z][a-z]{1,8}/\n'
+    # any JSON object has unbounded strings, which a sampling 135M model may not close within
+    # max_tokens: that one runs greedy only
+    greedy_only = StructuredOutputsParams(json_object=True)
+    cases = [
+        (greedy_only, lambda t: isinstance(json.loads(t), dict)),
+        (StructuredOutputsParams(regex=r"[0-9]{3}-[0-9]{4}"), lambda t: re.fullmatch(r"[0-9]{3}-[0-9]{4}", t)),
+        (StructuredOutputsParams(choice=["yes", "no", "maybe"]), lambda t: t in ("yes", "no", "maybe")),
+        (StructuredOutputsParams(grammar=lark), lambda t: re.fullmatch(r"(Hello|Hi) [A-Z][a-z]{1,8}!", t)),
+        (StructuredOutputsParams(grammar='root ::= "A" [0-9] [0-9]'), lambda t: re.fullmatch(r"A[0-9]{2}", t)),
+    ]
+    prompts, params, checks = [], [], []
+    for constraint, check in cases:
+        sampled = [] if constraint is greedy_only else [dict(temperature=1.0, seed=s) for s in SEEDS]
+        for sampling in [dict(temperature=0.0)] + sampled:
+            prompts.append(chat_prompt(llm, "Say something."))
+            params.append(SamplingParams(max_tokens=48, structured_outputs=constraint, **sampling))
+            checks.append(check)
+    for check, output in zip(checks, llm.generate(prompts, params)):
+        completion = output.outputs[0]
+        assert completion.finish_reason == "stop" and check(completion.text), completion.text
+
+
+def test_n_forks_each_follow_the_grammar_with_their_own_state(llm):
+    schema = SCHEMAS["nested_object"]
+    output = llm.generate(chat_prompt(llm, "A person as JSON."),
+                          json_params(schema, n=4, temperature=1.0, seed=11))[0]
+    assert len(output.outputs) == 4
+    for completion in output.outputs:
+        assert_valid(completion.text, schema, completion.finish_reason)
+    assert len({c.text for c in output.outputs}) > 1   # the children sampled apart
+
+
+def test_seeded_output_is_reproducible_and_batch_independent(llm):
+    schema = SCHEMAS["object_array_1_to_3"]
+    prompt = chat_prompt(llm, "A todo list as JSON.")
+    alone = llm.generate(prompt, json_params(schema, temperature=1.0, seed=5))[0].outputs[0].text
+    batched = llm.generate([prompt, chat_prompt(llm, "Hello")],
+                           [json_params(schema, temperature=1.0, seed=5), SamplingParams(max_tokens=8)])
+    assert batched[0].outputs[0].text == alone
+
+
+def test_preemption_and_prefix_caching_keep_the_grammar(make_llm):
+    """A KV pool too small for every sequence at once preempts (recompute keeps the output and
+    so the matcher); a repeated prompt hits the prefix cache. The outputs equal a roomy run's."""
+    schema = SCHEMAS["ref_defs"]
+    prompt_text = "Two points as JSON, please, with small coordinates."
+    roomy = make_llm(max_num_seqs=8)
+    prompt = chat_prompt(roomy, prompt_text)
+    params = [json_params(schema, temperature=1.0, seed=s) for s in range(6)]
+    want = [o.outputs[0].text for o in roomy.generate([prompt] * 6, params)]
+    tight = make_llm(max_num_seqs=8, num_kv_blocks=12, block_size=16)
+    outputs = tight.generate([prompt] * 6, params)
+    assert sum(o.metrics.num_preemptions for o in outputs) > 0
+    assert any(o.num_cached_tokens > 0 for o in outputs)
+    assert [o.outputs[0].text for o in outputs] == want
+    for output in outputs:
+        assert_valid(output.outputs[0].text, schema, output.outputs[0].finish_reason)
+
+
+def test_stop_string_cuts_constrained_output(llm):
+    params = SamplingParams(temperature=0.0, max_tokens=40, stop=['"age"'],
+                            structured_outputs=StructuredOutputsParams(json=SCHEMAS["nested_object"]))
+    completion = llm.generate(chat_prompt(llm, "A person as JSON."), params)[0].outputs[0]
+    assert completion.finish_reason == "stop" and completion.stop_reason == '"age"'
+    assert completion.text.startswith('{"user": {"name": "') and '"age"' not in completion.text
+
+
+def test_logprobs_are_raw_and_tokens_follow_the_mask(llm):
+    """The mask decides the token; the logprobs reported stay the model's own (vLLM's raw mode
+    of ember's sampler): the top alternatives include tokens the grammar forbade."""
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=3,
+                            structured_outputs=StructuredOutputsParams(choice=["Zebra", "Quokka"]))
+    completion = llm.generate(chat_prompt(llm, "Hello!"), params)[0].outputs[0]
+    assert completion.text in ("Zebra", "Quokka")
+    first = completion.logprobs[0]
+    allowed_first = {llm.tokenizer.encode(w, add_special_tokens=False)[0] for w in ("Zebra", "Quokka", "Z", "Q")}
+    assert any(token not in allowed_first for token, _ in first.top)
+    assert first.logprob <= first.top[0][1]
+
+
+def test_streamed_deltas_add_up_to_valid_json(llm):
+    engine = llm.engine
+    schema = SCHEMAS["optional_fields"]
+    engine.add_request("stream-1", chat_prompt(llm, "A book as JSON."), json_params(schema, temperature=0.0))
+    pieces, final = [], None
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            pieces.append(output.outputs[0].delta_text)
+            final = output
+    assert final.finished and len([p for p in pieces if p]) > 1
+    assert "".join(pieces) == final.outputs[0].text
+    assert_valid(final.outputs[0].text, schema, final.outputs[0].finish_reason)
+
+
+@pytest.mark.parametrize("constraint,message", [
+    (dict(json={"type": "objectx"}), "Invalid type"),
+    (dict(json={"type": "array", "uniqueItems": True}), "uniqueItems"),
+    (dict(json={"$ref": "#/$defs/missing"}), "missing"),
+    (dict(regex="(ab"), "unclosed group"),
+    (dict(grammar="start: undefined_rule"), "undefined_rule"),
+])
+def test_bad_constraint_is_a_value_error_naming_it(llm, constraint, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        llm.generate("Hi", SamplingParams(max_tokens=4, structured_outputs=constraint))
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.engine.block_manager.num_free_blocks == llm.engine.runner.num_blocks
+
+
+@pytest.mark.parametrize("constraint,message", [
+    (dict(), "exactly one"),
+    (dict(json={"type": "object"}, regex="a"), "exactly one"),
+    (dict(choice=[]), "non-empty list"),
+    (dict(json="{not json"), "not valid JSON"),
+    (dict(json=[1, 2]), "JSON schema"),
+    (dict(regex=""), "non-empty"),
+    (dict(jsn={}), "unknown field"),
+])
+def test_malformed_structured_outputs_params(constraint, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(structured_outputs=constraint)
+
+
+def test_grammars_are_cached_by_kind_and_spec(llm):
+    compiler = llm.engine.grammars
+    first = compiler.compile(StructuredOutputsParams(regex="[a-c]{2}"))
+    assert compiler.compile(StructuredOutputsParams(regex="[a-c]{2}")) is first
+    assert compiler.compile(StructuredOutputsParams(grammar='start: /[a-c]{2}/')) is not first
