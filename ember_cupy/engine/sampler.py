@@ -4,9 +4,10 @@ Order of processing, as vLLM v1's sampler:
 
 0. Structured decoding: a sequence with a constraint (Sequence.constraint, ember_cupy/structured/)
    has every token its grammar does not allow next set to -inf (on the device under CuPy), before
-   anything below; the sampled token is then fed to its matcher.
+   anything below except the logprobs; the sampled token is then fed to its matcher.
 1. Logprobs are the RAW model logprobs (vLLM's default ``logprobs_mode="raw_logprobs"``): the
-   log-softmax of the logits before min_tokens, logit_bias, penalties and temperature. A token
+   log-softmax of the logits before the grammar mask, min_tokens, logit_bias, penalties and
+   temperature. A token
    forced by logit_bias reports its model logprob, not 0.0; the top logprobs are the raw top.
 2. min_tokens: EOS and stop tokens go to -inf while fewer than min_tokens tokens were generated.
 3. logit_bias is added.
