@@ -219,6 +219,8 @@ class AsyncEngine:
         if isinstance(prompt, str):
             token_ids = await self.off_loop(self.engine.tokenizer.encode, prompt)
             self._check_admission()   # again: it may have died, begun stopping or filled up meanwhile
+        if params.structured_outputs is not None:   # compiled off the loop: admission finds it cached
+            await self.off_loop(self.engine.grammars.compile, params.structured_outputs)
         stream = RequestStream(request_id, self)
         admitted = asyncio.get_running_loop().create_future()
         self._ops.append(("add", request_id, prompt, token_ids, params, priority, cache_salt, arrival, stream,
