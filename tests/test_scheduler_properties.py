@@ -13,6 +13,8 @@ def check_invariants(run: TraceReplay, batch) -> None:
     config, bm = run.config, run.block_manager
     assert batch.num_tokens <= config.max_num_batched_tokens
     assert len(batch.scheduled) <= config.max_num_seqs
+    assert len(batch.samples) <= config.max_num_seqs            # the logits rows of a step
+    assert run.scheduler.num_slots_used() <= config.max_num_seqs   # forks included
     assert len({id(s) for s, _ in batch.scheduled}) == len(batch.scheduled)
     owners = Counter(b for seq in run.live_sequences for b in seq.block_table)
     free = set(bm.free_queue)
@@ -34,6 +36,7 @@ requests = st.lists(st.tuples(
     st.integers(1, 20),          # max tokens
     st.integers(0, 3),           # priority
     st.sampled_from([None, 0, 1]),  # shared prefix group
+    st.sampled_from([1, 1, 2, 3]),  # n
 ), min_size=1, max_size=25)
 
 
@@ -44,8 +47,8 @@ requests = st.lists(st.tuples(
        aborts=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 24)), max_size=5))
 def test_random_workloads_keep_every_invariant(trace, policy, block_size, budget, max_seqs,
                                               spare_blocks, prefix_caching, aborts):
-    trace = [TraceRequest(f"r{i}", a, p, m, prio, group, prefix_len=40)
-             for i, (a, p, m, prio, group) in enumerate(trace)]
+    trace = [TraceRequest(f"r{i}", a, p, m, prio, group, prefix_len=40, n=min(n, max_seqs))
+             for i, (a, p, m, prio, group, n) in enumerate(trace)]
     longest = max(r.prompt_len + r.max_tokens for r in trace)
     num_blocks = -(-longest // block_size) + spare_blocks   # every request fits alone
     config = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, block_size=block_size,
@@ -164,3 +167,37 @@ def test_fork_shares_blocks_and_copies_the_partial_one_on_write():
     bm.free(parent)
     bm.free(child)
     assert bm.num_free_blocks == 8
+
+
+def test_n_forks_share_the_prompt_and_each_generates_max_tokens():
+    config = EngineConfig(max_num_seqs=3, max_num_batched_tokens=512, block_size=4)
+    run = TraceReplay(config, 64)
+    run.add(TraceRequest("r", 0, 10, 5, n=3))
+    batch = run.step()                              # the whole prompt: the parent forks
+    seqs = run.live_sequences
+    assert [s.index for s in seqs] == [0, 1, 2] and [s for s, _ in batch.scheduled] == seqs[:1]
+    assert [source for _, source in batch.samples] == [seqs[0]] * 3
+    assert seqs[1].block_table == seqs[2].block_table == seqs[0].block_table
+    assert [run.block_manager.blocks[b].ref_count for b in seqs[0].block_table] == [3, 3, 3]
+    run.run([])
+    assert [s.num_output_tokens for s in seqs] == [5, 5, 5]
+    assert len({tuple(s.output_token_ids) for s in seqs}) == 3   # each its own tokens
+    assert run.block_manager.num_free_blocks == 64
+
+
+def test_a_request_waits_for_a_slot_for_each_of_its_sequences():
+    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=512, block_size=4)
+    run = TraceReplay(config, 64)
+    run.add(TraceRequest("a", 0, 6, 8, n=3))
+    run.add(TraceRequest("b", 0, 6, 8, n=2))
+    timelines = run.run([])
+    assert timelines["b"].first_scheduled_step > timelines["a"].finished_step - 1
+    assert max(len(b.samples) for b in run.batches) == 3
+
+
+def test_stop_tokens_end_sequences_in_the_scheduler():
+    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=512, block_size=4)
+    run = TraceReplay(config, 64, vocab_size=4, eos_token_ids=(0,))
+    timelines = run.run([TraceRequest(f"r{i}", 0, 5, 50) for i in range(4)])
+    assert {t.finish_reason for t in timelines.values()} == {"stop"}
+    assert run.block_manager.num_free_blocks == 64

@@ -122,11 +122,11 @@ class Scheduler:
         self.running += batch.forked   # after the decodes: never a victim of their preemptions
         return batch
 
-    def num_slots_used(self, batch: ScheduledBatch) -> int:
-        """Sequences that run this step or will once forked: what max_num_seqs bounds (and so
-        the logits rows of a step)."""
-        return (len(self.running) + len(batch.forked)
-                + sum(seq.num_pending_forks for seq in self.running))
+    def num_slots_used(self, batch: ScheduledBatch | None = None) -> int:
+        """Sequences running, forked by `batch` while it is being scheduled, or still to be
+        forked by a running parent: what max_num_seqs bounds (and so a step's logits rows)."""
+        forked = len(batch.forked) if batch is not None else 0
+        return len(self.running) + forked + sum(seq.num_pending_forks for seq in self.running)
 
     def _schedule_decodes(self, batch: ScheduledBatch, budget: int) -> int:
         index = 0
