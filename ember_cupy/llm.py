@@ -1,7 +1,6 @@
 """The standalone Python API: `LLM(model).generate(...)` and `LLM.chat(...)`."""
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from typing import Sequence as Seq
 
@@ -53,7 +52,8 @@ class LLM:
         (ToolCall: id, name, arguments as JSON text)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         spec = tool_calls.parse_tools(tools, tool_choice, parallel_tool_calls)
-        params = self._with_tool_constraint(params or SamplingParams(), spec)
+        params = tool_calls.constrain(params or SamplingParams(), spec,
+                                      tool_calls.template_supports_tools(self.tokenizer))
         prompts = [tool_calls.render_chat(self.tokenizer, c, spec, add_generation_prompt,
                                           **(chat_template_kwargs or {})) for c in conversations]
         outputs = self.generate(prompts, params)
@@ -66,15 +66,6 @@ class LLM:
                         completion.tool_calls = calls
                         completion.finish_reason = "tool_calls"
         return outputs
-
-    def _with_tool_constraint(self, params: SamplingParams, spec: tool_calls.ToolSpec) -> SamplingParams:
-        constraint = tool_calls.output_constraint(spec, tool_calls.template_supports_tools(self.tokenizer))
-        if constraint is None:
-            return params
-        if params.structured_outputs is not None:
-            raise ValueError("SamplingParams.structured_outputs cannot be combined with tool_choice "
-                             f"{spec.mode!r}: the tool calls constrain the output already")
-        return dataclasses.replace(params, structured_outputs=constraint)
 
     def _run(self, request_ids: list[str]) -> list[RequestOutput]:
         final: dict[str, RequestOutput] = {}

@@ -19,6 +19,7 @@ the messages unchanged; for `auto` their output is free text, parsed for Hermes-
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import uuid
@@ -142,6 +143,17 @@ def output_constraint(spec: ToolSpec, template_supports_tools: bool) -> Structur
         return None
     schema = json.dumps({**calls_schema(spec), "x-guidance": JSON_LAYOUT}, ensure_ascii=False)
     return StructuredOutputsParams(grammar=f"start: calls | text\ncalls: %json {schema}\ntext: {_TEXT_LEXEME}\n")
+
+
+def constrain(params, spec: ToolSpec, template_supports_tools: bool):
+    """params (SamplingParams) with the tool calls' output constraint, if they have one."""
+    constraint = output_constraint(spec, template_supports_tools)
+    if constraint is None:
+        return params
+    if params.structured_outputs is not None:
+        raise ValueError(f"tool_choice {spec.mode!r} constrains the output already: it cannot be combined "
+                         "with structured_outputs or a JSON response_format")
+    return dataclasses.replace(params, structured_outputs=constraint)
 
 
 def _tool(spec: ToolSpec, name: str) -> Tool:
