@@ -1,0 +1,54 @@
+"""tools/fuzz_http.py: a short schema fuzz of the real server (spawned as `ember-cupy serve`) finds
+nothing, and on a server with defects it reports each one."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+from defective_server import DefectiveServer
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
+import fuzz_http  # noqa: E402
+
+pytestmark = pytest.mark.fuzz
+
+
+def _fuzz(tmp_path, *args: str) -> tuple[int, dict]:
+    report = tmp_path / "fuzz.json"
+    status = fuzz_http.main([*args, "--report", str(report)])
+    return status, json.loads(report.read_text())
+
+
+def test_short_fuzz_of_the_real_server_finds_nothing(tmp_path):
+    status, summary = _fuzz(tmp_path, "--cases", "500", "--seed", "1", "--server-log", str(tmp_path / "server.log"))
+    shown = json.dumps(summary["failures"][:5], indent=1, ensure_ascii=False)[:6000]
+    assert summary["failures"] == [], f"{summary['failure_kinds']}\n{shown}"
+    assert summary["after_run_failures"] == []
+    assert status == 0
+    assert summary["cases"] >= 500
+    # the generation endpoints get most cases, and a fair number of them generate text, streamed too
+    assert summary["generation_cases"] >= 0.7 * summary["cases"]
+    assert summary["generated_200"] >= 60
+    assert summary["streamed_200"] >= 20
+
+
+def test_fuzzer_reports_5xx_plain_text_errors_unterminated_streams_and_leaks(tmp_path):
+    with DefectiveServer({"server_error", "plain_errors", "unterminated_stream", "leak"}) as server:
+        status, summary = _fuzz(tmp_path, "--url", server.url, "--cases", "80", "--seed", "2",
+                                "--idle-timeout", "0.5")
+    assert status == 1
+    problems = [f for case in summary["failures"] for f in case["failures"]]
+    assert any("Server error" in p for p in problems), summary["failure_kinds"]
+    assert any("not an OpenAI error" in p or "not JSON" in p for p in problems), summary["failure_kinds"]
+    assert any("does not end with data: [DONE]" in p for p in problems), summary["failure_kinds"]
+    assert any("not idle" in p and "9/10" in p for p in summary["after_run_failures"])
+    # each failing case comes with its request, as a command that reproduces it
+    assert all(case["request"]["curl"].startswith("curl ") for case in summary["failures"])
+
+
+def test_fuzzer_passes_the_same_server_without_defects(tmp_path):
+    with DefectiveServer(set()) as server:
+        status, summary = _fuzz(tmp_path, "--url", server.url, "--cases", "80", "--seed", "2")
+    assert (status, summary["failures"], summary["after_run_failures"]) == (0, [], [])

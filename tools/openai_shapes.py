@@ -1,0 +1,91 @@
+"""What the HTTP tools (fuzz_http.py, soak.py) hold every response to: OpenAI's error shape and a
+well-formed server-sent-event stream. Each check returns a problem in words, or None."""
+from __future__ import annotations
+
+import json
+
+DONE = "[DONE]"
+_SERVER_ERROR_TYPES = {"server_error", "internal_error", "internal_server_error"}
+
+
+def error_problem(body) -> str | None:
+    """`{"error": {"message": str, "type": str, "param": str|null, "code": str|null}}`, extra keys
+    allowed (vLLM and this server add some, e.g. /health's "status")."""
+    if not isinstance(body, dict) or not isinstance(body.get("error"), dict):
+        return "not an OpenAI error: no 'error' object"
+    error = body["error"]
+    missing = [key for key in ("message", "type", "param", "code") if key not in error]
+    if missing:
+        return f"OpenAI error without {', '.join(missing)}"
+    if not isinstance(error["message"], str) or not error["message"]:
+        return "OpenAI error whose 'message' is not a non-empty string"
+    if not isinstance(error["type"], str) or not error["type"]:
+        return "OpenAI error whose 'type' is not a non-empty string"
+    for key in ("param", "code"):
+        if error[key] is not None and not isinstance(error[key], str):
+            return f"OpenAI error whose '{key}' is neither a string nor null: {error[key]!r}"
+    return None
+
+
+def error_body_problem(raw: bytes) -> str | None:
+    """error_problem() of a response body that should be a JSON error."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return f"error body is not JSON: {raw[:120]!r}"
+    return error_problem(body)
+
+
+def sse_data(text: str) -> list[str]:
+    """The `data:` payloads of an event stream, in order (one per event; multi-line data joined)."""
+    events, lines = [], []
+    for line in text.replace("\r\n", "\n").split("\n"):
+        if line == "":
+            if lines:
+                events.append("\n".join(lines))
+                lines = []
+        elif line.startswith("data:"):
+            value = line[5:]
+            lines.append(value[1:] if value.startswith(" ") else value)
+    if lines:
+        events.append("\n".join(lines))
+    return events
+
+
+def event_problem(data: str) -> str | None:
+    """One event of a completion stream: `[DONE]`, a chunk with `choices`, or an OpenAI error that
+    is not a server error."""
+    if data == DONE:
+        return None
+    try:
+        event = json.loads(data)
+    except ValueError:
+        return f"stream event is not JSON: {data[:120]!r}"
+    if isinstance(event, dict) and "error" in event:
+        problem = error_problem(event)
+        if problem:
+            return f"stream error event: {problem}"
+        if event["error"]["type"] in _SERVER_ERROR_TYPES:
+            return f"stream error event of type {event['error']['type']}: {event['error']['message']}"
+        return None
+    if not isinstance(event, dict) or not isinstance(event.get("choices"), list):
+        return f"stream chunk without a 'choices' array: {data[:120]!r}"
+    if not isinstance(event.get("object"), str):
+        return "stream chunk without an 'object' string"
+    return None
+
+
+def stream_problem(text: str) -> str | None:
+    """A whole event stream: every event well-formed, the last one `[DONE]` and only the last."""
+    events = sse_data(text)
+    if not events:
+        return "empty event stream"
+    for data in events:
+        problem = event_problem(data)
+        if problem:
+            return problem
+    if events[-1] != DONE:
+        return f"event stream does not end with data: {DONE}"
+    if events.count(DONE) != 1:
+        return f"event stream has {events.count(DONE)} {DONE} events"
+    return None
