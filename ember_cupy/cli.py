@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
               "and again its body (then 408); slower connections are closed")
     _add(g, "--drain-timeout", type=float, default=10.0,
          help="on SIGINT/SIGTERM, seconds in-flight requests may finish before being aborted")
+    _add(g, "--stream-stall-timeout", type=float, default=60.0,
+         help="seconds a streaming client may leave output unread (not reading its connection) "
+              "before its request is aborted and its KV cache freed (default: 60)")
     _add(g, "--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     sub.add_parser("info", help="backend, host-kernel path and CPU features, as JSON")
@@ -196,7 +199,7 @@ def cmd_serve(args) -> int:
                               read_timeout=args.read_timeout,
                               model_path=args.model)
     engine = AsyncEngine(factory=lambda: _load_engine(args), metrics=EngineMetrics(names[0]),
-                         max_waiting=args.max_waiting)
+                         max_waiting=args.max_waiting, stream_stall_timeout=args.stream_stall_timeout)
     return asyncio.run(serve(engine, settings))
 
 

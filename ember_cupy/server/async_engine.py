@@ -3,8 +3,13 @@
 One background task owns the engine. Each iteration it applies the queued admissions and
 aborts (so they take effect between two steps, never during one), then runs `engine.step()` in
 a worker thread, so the event loop keeps serving while the model computes, and hands each
-request's outputs to that request's own asyncio queue. LLMEngine is not thread-safe: nothing
-but this loop touches it once it is running.
+request's outputs to that request's own stream. LLMEngine is not thread-safe: nothing but this
+loop touches it once it is running.
+
+Streams carry deltas (OutputKind.DELTA): each step adds only its new text, tokens and logprobs,
+and a reader that falls behind finds them merged into one output, so what a request buffers is
+at most what its reader has not read yet. A reader that leaves an output unread for longer than
+stream_stall_timeout seconds has its request aborted (its KV blocks freed) and its backlog dropped.
 """
 from __future__ import annotations
 
@@ -16,12 +21,18 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
-from ember_cupy.outputs import RequestOutput
+from ember_cupy.outputs import DeltaAccumulator, OutputKind, RequestOutput
 from ember_cupy.sampling_params import SamplingParams
 from ember_cupy.server.metrics import EngineMetrics
 
 log = logging.getLogger("ember_cupy.server")
+
+# Seconds a stream reader may leave an output unread before its request is aborted: long enough
+# for any live client (a reader that keeps up never waits), short enough that a client that
+# stops reading but keeps its connection open frees its KV blocks within a minute.
+DEFAULT_STREAM_STALL_TIMEOUT = 60.0
 
 
 class EngineState(enum.Enum):
@@ -46,16 +57,39 @@ class EngineOverloadedError(RuntimeError):
 
 
 class RequestStream:
-    """The outputs of one request, in order. Iterate it; close() aborts it if unfinished."""
+    """The delta outputs of one request, in order; those its reader has not taken yet are
+    merged into one. Iterate it (or await final()); close() aborts it if unfinished."""
 
     def __init__(self, request_id: str, engine: AsyncEngine):
         self.request_id = request_id
         self._engine = engine
-        self._queue: asyncio.Queue = asyncio.Queue()
+        self._backlog = DeltaAccumulator()
+        self._error: BaseException | None = None
+        self._ready = asyncio.Event()
+        self._unread_since: float | None = None   # when the oldest unread output came
         self.finished = False
 
-    def _put(self, item) -> None:
-        self._queue.put_nowait(item)
+    def _put(self, item: RequestOutput | BaseException) -> None:
+        if isinstance(item, BaseException):
+            self._error = item
+        else:
+            if not self._backlog:
+                self._unread_since = time.monotonic()
+            self._backlog.add(item)
+        self._ready.set()
+
+    def _drop_backlog(self) -> None:
+        self._backlog = DeltaAccumulator()
+        self._unread_since = None
+
+    def unread_for(self, now: float) -> float:
+        """Seconds the oldest unread output has waited for the reader (0 when none waits)."""
+        return 0.0 if self._unread_since is None else now - self._unread_since
+
+    @property
+    def backlog_size(self) -> tuple[int, int]:
+        """(characters, token ids) received and not read yet."""
+        return self._backlog.num_chars, self._backlog.num_token_ids
 
     def __aiter__(self):
         return self
@@ -63,13 +97,23 @@ class RequestStream:
     async def __anext__(self) -> RequestOutput:
         if self.finished:
             raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, BaseException):
+        while not self._backlog and self._error is None:
+            self._ready.clear()
+            await self._ready.wait()
+        output = self._backlog.take()
+        self._unread_since = None
+        if output is None:
             self.finished = True
-            raise item
-        if item.finished:
-            self.finished = True
-        return item
+            raise self._error
+        self.finished = output.finished
+        return output
+
+    async def final(self) -> RequestOutput:
+        """The whole answer: every delta merged, once the request has finished."""
+        whole = DeltaAccumulator()
+        async for output in self:
+            whole.add(output)
+        return whole.take()
 
     def close(self) -> None:
         """Abort the request unless it already finished (a disconnected client, a cancel)."""
@@ -79,27 +123,56 @@ class RequestStream:
 
 
 class _Tracker:
-    """Per-request timing for the latency histograms."""
-    __slots__ = ("arrival", "last_token", "prompt_counted")
+    """Per-request timing and token counts for the metrics."""
+    __slots__ = ("arrival", "last_token", "prompt_counted", "generated")
 
     def __init__(self, arrival: float):
         self.arrival = arrival
         self.last_token: dict[int, float] = {}
         self.prompt_counted = False
+        self.generated = 0
+
+
+# What the event loop asks of the engine loop, applied between two steps.
+@dataclass
+class _Add:
+    request_id: str
+    prompt: str | list[int]
+    prompt_token_ids: list[int] | None   # a string prompt's tokens (tokenized off the loop)
+    params: SamplingParams
+    priority: int
+    cache_salt: str | None
+    arrival: float
+    stream: RequestStream
+    admitted: asyncio.Future              # the add's result for the caller of add_request
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+@dataclass
+class _Stop:
+    pass
 
 
 class AsyncEngine:
     def __init__(self, engine=None, *, factory: Callable[[], object] | None = None,
-                 metrics: EngineMetrics | None = None, max_waiting: int | None = None):
+                 metrics: EngineMetrics | None = None, max_waiting: int | None = None,
+                 stream_stall_timeout: float = DEFAULT_STREAM_STALL_TIMEOUT):
         if (engine is None) == (factory is None):
             raise ValueError("AsyncEngine needs exactly one of engine and factory")
         self.engine = engine
         self._factory = factory
         self.metrics = metrics
         self.max_waiting = max_waiting
+        if not stream_stall_timeout > 0:
+            raise ValueError(f"stream_stall_timeout must be > 0 seconds, got {stream_stall_timeout}")
+        self.stream_stall_timeout = stream_stall_timeout
         self.state = EngineState.NEW
         self.error: str | None = None
-        self._ops: deque = deque()
+        self._ops: deque[_Add | _Abort | _Stop] = deque()
         self._streams: dict[str, RequestStream] = {}
         self._trackers: dict[str, _Tracker] = {}
         self._num_waiting = 0    # snapshots of the scheduler's queues, taken between steps
@@ -141,7 +214,7 @@ class AsyncEngine:
                 await asyncio.sleep(0.02)
             for request_id in list(self._streams):
                 self.abort(request_id)
-            self._ops.append(("stop",))
+            self._ops.append(_Stop())
             self._wake.set()
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout=30)
@@ -196,7 +269,7 @@ class AsyncEngine:
     def _num_really_waiting(self) -> int:
         """Queued requests (in the scheduler or about to be added) beyond the free sequence slots:
         those the next step cannot start. A burst into an idle server waits for nothing."""
-        queued = self._num_waiting + sum(1 for op in self._ops if op[0] == "add")
+        queued = self._num_waiting + sum(1 for op in self._ops if isinstance(op, _Add))
         max_num_seqs = getattr(getattr(self.engine, "config", None), "max_num_seqs", None)
         free = max(0, max_num_seqs - self._num_running) if max_num_seqs else 0
         return max(0, queued - free)
@@ -223,8 +296,8 @@ class AsyncEngine:
             await self.off_loop(self.engine.grammars.compile, params.structured_outputs)
         stream = RequestStream(request_id, self)
         admitted = asyncio.get_running_loop().create_future()
-        self._ops.append(("add", request_id, prompt, token_ids, params, priority, cache_salt, arrival, stream,
-                          admitted))
+        self._ops.append(_Add(request_id, prompt, token_ids, params, priority, cache_salt, arrival, stream,
+                              admitted))
         self._wake.set()
         try:
             await admitted
@@ -244,7 +317,7 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         """Abort a request; takes effect before the next step. Safe to call repeatedly."""
-        self._ops.append(("abort", request_id))
+        self._ops.append(_Abort(request_id))
         if self._wake is not None:
             self._wake.set()
 
@@ -275,28 +348,28 @@ class AsyncEngine:
         stop = False
         while self._ops:
             op = self._ops.popleft()
-            if op[0] == "stop":
+            if isinstance(op, _Stop):
                 stop = True
-            elif op[0] == "abort":
-                self._apply_abort(op[1])
+            elif isinstance(op, _Abort):
+                self._apply_abort(op.request_id)
             else:
-                self._apply_add(*op[1:])
+                self._apply_add(op)
         return stop
 
-    def _apply_add(self, request_id, prompt, token_ids, params, priority, cache_salt, arrival, stream,
-                   admitted) -> None:
-        if admitted.done() or stream.finished:  # the caller left before admission
+    def _apply_add(self, add: _Add) -> None:
+        if add.admitted.done() or add.stream.finished:  # the caller left before admission
             return
         try:
-            extra = {} if token_ids is None else {"prompt_token_ids": token_ids}
-            self.engine.add_request(request_id, prompt, params, priority=priority,
-                                    cache_salt=cache_salt, arrival_time=arrival, **extra)
+            extra = {} if add.prompt_token_ids is None else {"prompt_token_ids": add.prompt_token_ids}
+            self.engine.add_request(add.request_id, add.prompt, add.params, priority=add.priority,
+                                    cache_salt=add.cache_salt, arrival_time=add.arrival,
+                                    output_kind=OutputKind.DELTA, **extra)
         except Exception as exc:  # ValueError: bad input; anything else: reported, not fatal
-            admitted.set_exception(exc)
+            add.admitted.set_exception(exc)
             return
-        self._streams[request_id] = stream
-        self._trackers[request_id] = _Tracker(arrival)
-        admitted.set_result(None)
+        self._streams[add.request_id] = add.stream
+        self._trackers[add.request_id] = _Tracker(add.arrival)
+        add.admitted.set_result(None)
 
     def _apply_abort(self, request_id: str) -> None:
         output = self.engine.abort(request_id)
@@ -319,8 +392,18 @@ class AsyncEngine:
             if output.finished:
                 self._streams.pop(output.request_id, None)
                 self._trackers.pop(output.request_id, None)
-            if stream is not None:
-                stream._put(output)
+            if stream is None:
+                continue
+            stream._put(output)
+            if not output.finished and stream.unread_for(now) > self.stream_stall_timeout:
+                self._abort_stalled(stream)
+
+    def _abort_stalled(self, stream: RequestStream) -> None:
+        """A reader that stopped reading: abort its request, free what it holds."""
+        log.warning("aborting %s: its stream reader took nothing for %.0f s (stream_stall_timeout)",
+                    stream.request_id, stream.unread_for(time.monotonic()))
+        stream._drop_backlog()
+        self._apply_abort(stream.request_id)
 
     def _observe(self, output: RequestOutput, tracker: _Tracker, now: float) -> None:
         m = self.metrics
@@ -331,6 +414,7 @@ class AsyncEngine:
             new = len(completion.delta_token_ids)
             if not new:
                 continue
+            tracker.generated += new
             m.generation_tokens.inc(new)
             last = tracker.last_token.get(completion.index)
             if last is None:
@@ -351,7 +435,7 @@ class AsyncEngine:
                 if stats.num_preemptions:
                     m.num_preemptions.inc(stats.num_preemptions)
             m.request_prompt_tokens.observe(len(output.prompt_token_ids))
-            m.request_generation_tokens.observe(sum(len(c.token_ids) for c in output.outputs))
+            m.request_generation_tokens.observe(tracker.generated)
             m.request_finished(output.outputs[0].finish_reason if output.outputs else None)
 
     def _refresh_metrics(self) -> None:
@@ -378,5 +462,5 @@ class AsyncEngine:
         self._trackers.clear()
         while self._ops:
             op = self._ops.popleft()
-            if op[0] == "add" and not op[-1].done():
-                op[-1].set_exception(error)
+            if isinstance(op, _Add) and not op.admitted.done():
+                op.admitted.set_exception(error)

@@ -33,10 +33,12 @@ class UsageCounter:
         self.completion: dict[tuple[int, int], int] = {}
 
     def add(self, prompt_index: int, output: RequestOutput) -> None:
+        """output: a delta output (a stream's), or a whole one added once."""
         self.prompt[prompt_index] = len(output.prompt_token_ids)
         self.cached[prompt_index] = output.num_cached_tokens
         for c in output.outputs:
-            self.completion[(prompt_index, c.index)] = len(c.token_ids)
+            key = (prompt_index, c.index)
+            self.completion[key] = self.completion.get(key, 0) + len(c.token_ids)
 
     def body(self) -> dict:
         return usage(sum(self.prompt.values()), sum(self.completion.values()), sum(self.cached.values()))

@@ -42,35 +42,28 @@ def engine_error(exc: BaseException) -> APIError:
 
 
 async def _merge(streams: list[RequestStream]):
-    """(prompt index, output) from several streams, as they come."""
+    """(prompt index, output) from several streams, as they come. A stream is read again only
+    once its previous output has been consumed: what a slow client has not taken stays in the
+    streams (merged, and subject to their stall timeout), not in a queue here."""
     if len(streams) == 1:
         async for output in streams[0]:
             yield 0, output
         return
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(index: int, stream: RequestStream):
-        try:
-            async for output in stream:
-                queue.put_nowait((index, output, None))
-        except Exception as exc:
-            queue.put_nowait((index, None, exc))
-        queue.put_nowait((index, None, None))
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    reads = {asyncio.ensure_future(anext(stream)): index for index, stream in enumerate(streams)}
     try:
-        remaining = len(streams)
-        while remaining:
-            index, output, exc = await queue.get()
-            if exc is not None:
-                raise exc
-            if output is None:
-                remaining -= 1
-            else:
+        while reads:
+            done, _ = await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
+            for read in done:
+                index = reads.pop(read)
+                try:
+                    output = read.result()
+                except StopAsyncIteration:
+                    continue
                 yield index, output
+                reads[asyncio.ensure_future(anext(streams[index]))] = index
     finally:
-        for task in tasks:
-            task.cancel()
+        for read in reads:
+            read.cancel()
 
 
 class OpenAIServing:
@@ -144,13 +137,8 @@ class OpenAIServing:
                 stream.close()
 
     async def _full(self, ctx: _Context, streams: list[RequestStream]) -> web.Response:
-        async def last(stream):
-            output = None
-            async for output in stream:
-                pass
-            return output
         try:
-            finals = await asyncio.gather(*[last(s) for s in streams])
+            finals = await asyncio.gather(*[s.final() for s in streams])
         except (EngineDeadError, EngineNotReadyError) as exc:
             raise engine_error(exc) from None
         choices, counter = [], R.UsageCounter()
@@ -210,7 +198,6 @@ class _Context:
         self.logprobs = R.LogprobFormatter(self.tokenizer)
         self.prompts = prompts
         self.n = req.params.n
-        self.sent_logprobs: dict[int, int] = {}
         self.text_offset: dict[int, int] = {}
         self.done: set[int] = set()
 
@@ -249,11 +236,7 @@ class _Context:
             index = prompt_index * self.n + c.index
             if index in self.done:
                 continue
-            entries = None
-            if c.logprobs is not None:
-                start = self.sent_logprobs.get(index, 0)
-                entries = c.logprobs[start:start + len(c.delta_token_ids)]
-                self.sent_logprobs[index] = start + len(entries)
+            entries = c.logprobs   # a delta output's: those of its new tokens
             if not c.delta_text and not c.finish_reason and not entries:
                 continue
             if c.finish_reason:

@@ -19,17 +19,23 @@ async def _idle(engine, timeout=10.0):
 
 def test_generate_streams_deltas(server):
     engine = server.engine
+    params = SamplingParams(max_tokens=3, temperature=0, logprobs=1)
 
     async def run():
-        outputs = [o async for o in engine.generate("Hello", SamplingParams(max_tokens=3, temperature=0))]
-        return outputs
+        outputs = [o async for o in engine.generate("Hello", params)]
+        whole = await (await engine.add_request("Hello", params)).final()
+        return outputs, whole
 
-    outputs = server.call(run)
-    final = outputs[-1]
-    assert final.finished and not any(o.finished for o in outputs[:-1])
-    assert len(final.outputs[0].token_ids) == 3
-    assert "".join(o.outputs[0].delta_text for o in outputs) == final.outputs[0].text
-    assert sum(len(o.outputs[0].delta_token_ids) for o in outputs) == 3
+    outputs, whole = server.call(run)
+    assert outputs[-1].finished and not any(o.finished for o in outputs[:-1])
+    for o in outputs:   # each output carries only its step's text, tokens and logprobs
+        c = o.outputs[0]
+        assert c.text == c.delta_text and c.token_ids == c.delta_token_ids
+        assert [lp.token_id for lp in c.logprobs] == c.token_ids
+    c = whole.outputs[0]
+    assert len(c.token_ids) == 3 and [lp.token_id for lp in c.logprobs] == c.token_ids
+    assert "".join(o.outputs[0].text for o in outputs) == c.text
+    assert [t for o in outputs for t in o.outputs[0].token_ids] == c.token_ids
 
 
 def test_early_exit_and_cancel_abort(server):
