@@ -190,22 +190,28 @@ static inline void group_tile(const uint8_t *g, int32_t wtype, int64_t nb, const
 }
 #endif
 
-static void store_tile(float out[MR][ROWS], int R, int64_t n0, int64_t N, float *y, int64_t ldy) {
+/* With two passes, tile rows 2i and 2i+1 are one row of x quantized twice: their sum is its output. */
+static void store_tile(float out[MR][ROWS], int R, int32_t passes, int64_t n0, int64_t N, float *y, int64_t ldy) {
     const int64_t count = N - n0 < ROWS ? N - n0 : ROWS;
-    for (int r = 0; r < R; r++) memcpy(y + r * ldy + n0, out[r], sizeof(float) * (size_t)count);
+    if (passes == 1) {
+        for (int r = 0; r < R; r++) memcpy(y + r * ldy + n0, out[r], sizeof(float) * (size_t)count);
+        return;
+    }
+    for (int r = 0; r + 1 < R; r += 2)
+        for (int64_t n = 0; n < count; n++) y[(r / 2) * ldy + n0 + n] = out[r][n] + out[r + 1][n];
 }
 
 /* Groups [g0, g1) of 8 weight rows against rows [m0, m1) of x. */
 static void groups_against_x(const uint8_t *w, int32_t wtype, int64_t nb, const int8_t *xq,
-                             int64_t K, const float *xd, const float *xs, int64_t m0, int64_t m1,
-                             int64_t g0, int64_t g1, int64_t N, float *y, int64_t ldy) {
+                             int64_t K, const float *xd, const float *xs, int32_t passes, int64_t m0,
+                             int64_t m1, int64_t g0, int64_t g1, int64_t N, float *y, int64_t ldy) {
     const int64_t group_bytes = nb * RECORD_BYTES[wtype];
     float out[MR][ROWS];
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *gw = w + g * group_bytes;
         int64_t m = m0;
 #define TILE(R) do { group_tile(gw, wtype, nb, xq + m * K, K, xd + m * nb, xs + m * nb, R, out); \
-                     store_tile(out, R, g * ROWS, N, y + m * ldy, ldy); } while (0)
+                     store_tile(out, R, passes, g * ROWS, N, y + (m / passes) * ldy, ldy); } while (0)
         for (; m + MR <= m1; m += MR) TILE(MR);
         switch (m1 - m) {
             case 3: TILE(3); break;
@@ -218,7 +224,7 @@ static void groups_against_x(const uint8_t *w, int32_t wtype, int64_t nb, const 
 }
 
 struct matmul_job {
-    const uint8_t *w; int32_t wtype; int64_t nb, K, groups, N, ldy, m0, m1;
+    const uint8_t *w; int32_t wtype, passes; int64_t nb, K, groups, N, ldy, m0, m1;
     const int8_t *xq; const float *xd, *xs; float *y;
 };
 
@@ -226,13 +232,13 @@ static void matmul_tasks(void *ctx, int64_t begin, int64_t end) {
     const struct matmul_job *j = ctx;
     for (int64_t t = begin; t < end; t++) {
         const int64_t g1 = (t + 1) * GROUPS_PER_TASK < j->groups ? (t + 1) * GROUPS_PER_TASK : j->groups;
-        groups_against_x(j->w, j->wtype, j->nb, j->xq, j->K, j->xd, j->xs, j->m0, j->m1,
+        groups_against_x(j->w, j->wtype, j->nb, j->xq, j->K, j->xd, j->xs, j->passes, j->m0, j->m1,
                          t * GROUPS_PER_TASK, g1, j->N, j->y, j->ldy);
     }
 }
 
 /* Two int8 passes: row 2m holds x's blocks, row 2m+1 those of the residual x - dequant(row 2m),
- * so that x ~ d1 q1 + d2 q2 (about 14 bits); the two rows' results are summed. */
+ * so that x ~ d1 q1 + d2 q2 (about 14 bits); store_tile sums the two rows' results. */
 static void quantize_two_pass(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *xq,
                               float *xd, float *xs, float *residual) {
     const int64_t nb = K / QK;
@@ -253,27 +259,18 @@ EMBER_EXPORT int ember_matmul_q(const float *x, int64_t M, int64_t K, int64_t ld
     if (passes != 1 && passes != 2) return -1;
     if (M == 0 || N == 0) return 0;
     const int64_t nb = K / QK, groups = (N + ROWS - 1) / ROWS, rows = M * passes;
-    const size_t extra = passes == 2 ? (size_t)(K + rows * N) : 0;   /* residual row, both results */
     int8_t *xq = (int8_t *)malloc((size_t)(rows * K + 64));
-    float *xd = (float *)malloc(sizeof(float) * ((size_t)(rows * nb) * 2 + extra));
+    float *xd = (float *)malloc(sizeof(float) * ((size_t)(rows * nb) * 2 + (size_t)K));
     if (!xq || !xd) { free(xq); free(xd); return -2; }
-    float *xs = xd + rows * nb, *scratch = xs + rows * nb;
-    struct matmul_job job = {w, wtype, nb, K, groups, N, ldy, 0, 0, xq, xd, xs, y};
-    if (passes == 2) {
-        quantize_two_pass(x, M, K, ldx, xq, xd, xs, scratch);
-        job.y = scratch + K;
-        job.ldy = N;
-    } else {
-        ember_quantize_q8(x, M, K, ldx, xq, xd, xs);
-    }
+    float *xs = xd + rows * nb;
+    if (passes == 2) quantize_two_pass(x, M, K, ldx, xq, xd, xs, xs + rows * nb);
+    else ember_quantize_q8(x, M, K, ldx, xq, xd, xs);
+    struct matmul_job job = {w, wtype, passes, nb, K, groups, N, ldy, 0, 0, xq, xd, xs, y};
     const int64_t tasks = (groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK;
-    for (job.m0 = 0; job.m0 < rows; job.m0 += M_CHUNK) {
+    for (job.m0 = 0; job.m0 < rows; job.m0 += M_CHUNK) {   /* M_CHUNK is even: pairs stay whole */
         job.m1 = job.m0 + M_CHUNK < rows ? job.m0 + M_CHUNK : rows;
         ember_parallel_for(tasks, matmul_tasks, &job);
     }
-    if (passes == 2)
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t n = 0; n < N; n++) y[m * ldy + n] = job.y[2 * m * N + n] + job.y[(2 * m + 1) * N + n];
     free(xq);
     free(xd);
     return 0;
