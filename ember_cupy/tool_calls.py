@@ -307,3 +307,22 @@ def render_chat(tokenizer, messages: list[dict], spec: ToolSpec, add_generation_
 def template_supports_tools(tokenizer) -> bool:
     template = getattr(tokenizer, "chat_template", None)
     return bool(template is not None and template.supports_tools)
+
+
+# --- OpenAI response shapes ------------------------------------------------------------------------
+def set_full_choice(choice: dict, text: str, spec: ToolSpec, template_supports_tools: bool) -> None:
+    """A chat choice ({"message": ..., "finish_reason": ...}) with its tool calls, if it made any."""
+    content, calls = parse_output(text, spec, template_supports_tools)
+    if calls:
+        choice["message"]["content"] = content
+        choice["message"]["tool_calls"] = [c.to_openai() for c in calls]
+        choice["finish_reason"] = "tool_calls"
+
+
+def stream_delta(stream: ToolCallStream, delta_text: str, finished: bool) -> tuple[dict, bool]:
+    """(the chunk's delta, whether it carries tool calls: its finish_reason is then "tool_calls")."""
+    content, calls = stream.feed(delta_text, finished)
+    delta = {"content": content} if content else {}
+    if calls:
+        delta["tool_calls"] = [{"index": i, **c.to_openai()} for i, c in enumerate(calls)]
+    return delta, bool(calls)
