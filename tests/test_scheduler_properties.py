@@ -201,3 +201,30 @@ def test_stop_tokens_end_sequences_in_the_scheduler():
     timelines = run.run([TraceRequest(f"r{i}", 0, 5, 50) for i in range(4)])
     assert {t.finish_reason for t in timelines.values()} == {"stop"}
     assert run.block_manager.num_free_blocks == 64
+
+
+def test_a_fork_gets_its_own_copy_of_the_constraint_state():
+    class Constraint:   # what the scheduler asks of a constraint state: fork(), is_finished
+        is_finished = False
+
+        def __init__(self, consumed):
+            self.consumed = consumed
+
+        def fork(self):
+            return Constraint(list(self.consumed))
+
+    config = EngineConfig(max_num_seqs=3, max_num_batched_tokens=512, block_size=4)
+    run = TraceReplay(config, 64)
+    run.add(TraceRequest("r", 0, 10, 5, n=3))
+    parent = run.scheduler.waiting[0]
+    parent.constraint = Constraint(["state at the prompt's end"])
+    run.step()
+    children = run.live_sequences[1:]
+    assert [c.index for c in children] == [1, 2]
+    states = [parent.constraint] + [c.constraint for c in children]
+    assert len({id(s) for s in states}) == 3 and all(s.consumed == parent.constraint.consumed for s in states)
+    assert all(s.consumed is not parent.constraint.consumed for s in states[1:])
+    unconstrained = TraceReplay(config, 64)
+    unconstrained.add(TraceRequest("u", 0, 10, 5, n=2))
+    unconstrained.step()
+    assert [s.constraint for s in unconstrained.live_sequences] == [None, None]
