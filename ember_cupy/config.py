@@ -36,6 +36,15 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     add_bos_token: bool = False
     name: str = "model"
+    # Family features beyond Llama's (ember_cupy/model/llama.py; all off for Llama/Qwen2/Mistral):
+    qk_norm: bool = False                  # RMSNorm over each q/k head before RoPE (Qwen3, Gemma 3)
+    sandwich_norms: bool = False           # norms after attention and MLP too (Gemma 3)
+    hidden_act: str = "silu"               # MLP gate activation: silu | gelu_tanh (Gemma)
+    embedding_scale: float = 1.0           # embeddings times this (Gemma: sqrt(hidden_size))
+    attention_scale: float | None = None   # None: head_dim ** -0.5
+    sliding_window: int | None = None      # keys a sliding layer's query sees, itself included
+    sliding_layers: tuple[bool, ...] | None = None   # which layers slide; None: all (if a window)
+    rope_local_theta: float | None = None  # RoPE base of the sliding layers (Gemma 3); None: rope_theta
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -45,6 +54,17 @@ class ModelConfig:
                  f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
                  f"num_kv_heads ({self.num_kv_heads})")
         _require(self.head_dim % 2 == 0, "ModelConfig.head_dim must be even for RoPE")
+        _require(self.hidden_act in ("silu", "gelu_tanh"),
+                 f"ModelConfig.hidden_act must be silu or gelu_tanh, got {self.hidden_act!r}")
+        _require(self.sliding_window is None or self.sliding_window >= 1,
+                 "ModelConfig.sliding_window must be >= 1 or None")
+        _require(self.sliding_layers is None or len(self.sliding_layers) == self.num_layers,
+                 "ModelConfig.sliding_layers must have one entry per layer")
+
+    def layer_window(self, index: int) -> int:
+        """Attention window of layer `index` (0 = full causal attention)."""
+        slides = self.sliding_layers is None or self.sliding_layers[index]
+        return self.sliding_window if self.sliding_window and slides else 0
 
     @property
     def q_size(self) -> int:

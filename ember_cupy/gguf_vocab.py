@@ -118,7 +118,7 @@ def build_gguf_tokenizer(reader) -> HFTokenizer:
 
 def _byte_level_bpe(reader, tokens: list[str]) -> HFTokenizer:
     regexes, ignore_merges = pre_tokenizer_kind(field_value(reader, "tokenizer.ggml.pre"))
-    merges = [tuple(m.split(" ", 1)) for m in field_value(reader, "tokenizer.ggml.merges")]
+    merges = [tuple(m.split(" ", 1)) for m in field_value(reader, "tokenizer.ggml.merges") or []]
     hf = HFTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
                                 fuse_unk=False, ignore_merges=ignore_merges))
     hf.pre_tokenizer = pre_tokenizers.Sequence(

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ember_cupy import LLM, SamplingParams
-from tiny_model import VOCAB, reference_logits, write_tiny_checkpoint
+from tiny_model import VOCAB, assert_greedy_matches_reference, reference_logits, write_tiny_checkpoint
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
@@ -17,6 +17,16 @@ VARIANTS = {
     "llama3-rope-gqa8": dict(heads=8, kv_heads=1, hidden=64, rope_scaling=LLAMA3_SCALING),
     "qwen2-biases": dict(arch="Qwen2ForCausalLM", bias=True, heads=4, kv_heads=2),
     "mistral": dict(arch="MistralForCausalLM", heads=4, kv_heads=2),
+    "mistral-sliding-window": dict(arch="MistralForCausalLM", heads=4, kv_heads=2, sliding_window=5),
+    "qwen3-qk-norm-wide-heads": dict(arch="Qwen3ForCausalLM", heads=4, kv_heads=2, head_dim=16),
+    "qwen2-sliding-from-layer-1": dict(arch="Qwen2ForCausalLM", bias=True, layers=3, sliding_window=4,
+                                       extra_config={"use_sliding_window": True, "max_window_layers": 1}),
+    "gemma3-pattern": dict(arch="Gemma3ForCausalLM", heads=4, kv_heads=1, head_dim=16, layers=4,
+                           sliding_window=5, extra_config={"sliding_window_pattern": 2}),
+    "gemma3-layer-types-linear-rope": dict(
+        arch="Gemma3ForCausalLM", heads=2, kv_heads=2, layers=3, sliding_window=3,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_scaling={"rope_type": "linear", "factor": 2.0}),
 }
 
 
@@ -26,17 +36,7 @@ def test_tiny_checkpoint_matches_dense_reference(tmp_path, variant):
     config = json.load(open(tmp_path / "config.json"))
     # float32 KV: this holds the model arithmetic to 2e-4 (an f16 cache alone moves logprobs ~4e-4)
     llm = LLM(str(tmp_path), block_size=4, max_num_batched_tokens=7, kv_cache_dtype="float32")
-    prompt = [3 + (7 * i) % 60 for i in range(11)]
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=5)
-    out = llm.generate([prompt], params)[0].outputs[0]
-    sequence = prompt + out.token_ids
-    ref = reference_logits(weights, config, sequence)
-    for step, entry in enumerate(out.logprobs):
-        row = ref[len(prompt) - 1 + step]
-        ref_logprobs = row - row.max() - np.log(np.exp(row - row.max()).sum())
-        assert entry.token_id == int(np.argmax(row))
-        for token, logprob in entry.top:
-            assert abs(logprob - ref_logprobs[token]) < 2e-4, (variant, step, token)
+    assert_greedy_matches_reference(llm, weights, config)
 
 
 def test_tokenizer_and_chat_template_come_from_the_directory(tmp_path):

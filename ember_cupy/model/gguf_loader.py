@@ -14,19 +14,22 @@ from ember_cupy.gguf_metadata import field_value
 from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, prepare_linear_weights
 from ember_cupy.quant import QuantizedTensor
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+# llama.cpp's converter writes Mistral (and Llama 2/3, TinyLlama, SmolLM) as "llama".
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 
-_GLOBAL_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "lm_head"}
+_GLOBAL_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "lm_head",
+                 "rope_freqs.weight": "rope_freqs"}
 _LAYER_NAMES = {
     "attn_norm.weight": "attn_norm", "attn_q.weight": "q", "attn_k.weight": "k",
     "attn_v.weight": "v", "attn_output.weight": "o", "attn_q.bias": "q_bias",
     "attn_k.bias": "k_bias", "attn_v.bias": "v_bias", "ffn_norm.weight": "ffn_norm",
     "ffn_gate.weight": "gate", "ffn_up.weight": "up", "ffn_down.weight": "down",
+    "attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm",
+    "post_attention_norm.weight": "post_attn_norm", "post_ffw_norm.weight": "post_ffn_norm",
 }
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(.+)")
-# End-of-generation tokens that llama.cpp recognises by their text when they are control tokens.
-_EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>",
-              "</s>", "<end_of_turn>", "<|end|>")
+# llama.cpp's Gemma 3 defaults when the file does not say (models/gemma3.cpp, llama-hparams.h).
+_GEMMA3_SWA_PATTERN, _GEMMA3_SWA_ROPE_BASE = 6, 10000.0
 
 
 def _open_reader(path: str):
@@ -78,12 +81,13 @@ def _model_config(reader, arch: str, tokenizer) -> ModelConfig:
     if scaling_type and scaling_type != "none":
         rope_scaling = {"rope_type": scaling_type, "factor": float(get("rope.scaling.factor", 1.0))}
     vocab = int(get("vocab_size", len(tokenizer)))
+    layers = int(get("block_count"))
     return ModelConfig(
         architecture=arch,
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=int(get("feed_forward_length")),
-        num_layers=int(get("block_count")),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=int(get("attention.head_count_kv", heads)),
         head_dim=head_dim,
@@ -96,7 +100,25 @@ def _model_config(reader, arch: str, tokenizer) -> ModelConfig:
         eos_token_ids=tokenizer.eos_token_ids,
         add_bos_token=tokenizer.add_bos_token,
         name=str(field_value(reader, "general.name", "model")),
+        qk_norm=arch in ("qwen3", "gemma3"),
+        **(_gemma3_features(get, hidden, heads, head_dim, layers) if arch == "gemma3" else {}),
     )
+
+
+def _gemma3_features(get, hidden: int, heads: int, head_dim: int, layers: int) -> dict:
+    """llama.cpp's Gemma 3 (models/gemma3.cpp): sliding layers by pattern (every n-th layer global,
+    or an explicit per-layer array), their RoPE base, and the attention scale (27B: hidden/heads)."""
+    window = get("attention.sliding_window")
+    pattern = get("attention.sliding_window_pattern", _GEMMA3_SWA_PATTERN)
+    if isinstance(pattern, list):
+        sliding = tuple(bool(p) for p in pattern)
+    else:
+        sliding = tuple(pattern == 0 or i % pattern < pattern - 1 for i in range(layers))
+    scale_dim = hidden // heads if layers == 62 else head_dim
+    return dict(sandwich_norms=True, hidden_act="gelu_tanh", embedding_scale=float(np.sqrt(hidden)),
+                attention_scale=scale_dim ** -0.5,
+                sliding_window=int(window) if window else None, sliding_layers=sliding if window else None,
+                rope_local_theta=float(get("rope.freq_base_swa", _GEMMA3_SWA_ROPE_BASE)) if window else None)
 
 
 def _read_weights(reader, config: ModelConfig, progress) -> dict[str, np.ndarray]:
@@ -117,7 +139,7 @@ def _canonical_name(gguf_name: str) -> str | None:
     match = _LAYER_TENSOR.fullmatch(gguf_name)
     if match and match.group(2) in _LAYER_NAMES:
         return f"layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
-    return None  # e.g. rope_freqs: recomputed from the config
+    return None
 
 
 def _read_tensor(tensor) -> np.ndarray | QuantizedTensor:

@@ -12,6 +12,7 @@ from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, prepare_li
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3", "Gemma3ForCausalLM": "gemma3",
 }
 _LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm", "self_attn.q_proj.weight": "q",
@@ -20,7 +21,15 @@ _LAYER_NAMES = {
     "self_attn.k_proj.bias": "k_bias", "self_attn.v_proj.bias": "v_bias",
     "post_attention_layernorm.weight": "ffn_norm", "mlp.gate_proj.weight": "gate",
     "mlp.up_proj.weight": "up", "mlp.down_proj.weight": "down",
+    "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
 }
+# Gemma 3 names its four norms differently (post_attention_layernorm is after attention, not
+# before the MLP), and computes x * (1 + w): stored as 1 + w here, as llama.cpp's converter does.
+_GEMMA3_LAYER_NAMES = {
+    **_LAYER_NAMES, "post_attention_layernorm.weight": "post_attn_norm",
+    "pre_feedforward_layernorm.weight": "ffn_norm", "post_feedforward_layernorm.weight": "post_ffn_norm",
+}
+_GEMMA3_SWA_PATTERN = 6
 _GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm",
                  "lm_head.weight": "lm_head"}
 
@@ -36,7 +45,11 @@ def load_hf_directory(path: str, progress: ProgressCallback | None = None) -> Ch
     from ember_cupy.tokenizer import Tokenizer
     tokenizer = Tokenizer.from_hf_directory(path, eos_token_ids=eos)
     config = model_config_from_hf(raw, arch, tokenizer, name=os.path.basename(os.path.normpath(path)))
-    weights = _read_safetensors(path, progress)
+    weights = _read_safetensors(path, _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES, progress)
+    if arch == "gemma3":
+        for name in weights:
+            if name.endswith("norm"):
+                weights[name] = weights[name] + np.float32(1.0)
     prepare_linear_weights(weights, config.num_layers)
     if not config.tie_word_embeddings and "lm_head" not in weights:
         raise ValueError(f"{path}: lm_head.weight missing and tie_word_embeddings is false")
@@ -68,26 +81,82 @@ def _eos_ids(raw: dict, path: str) -> tuple[int, ...]:
 def model_config_from_hf(raw: dict, arch: str, tokenizer, name: str = "model") -> ModelConfig:
     heads = raw["num_attention_heads"]
     hidden = raw["hidden_size"]
+    layers = raw["num_hidden_layers"]
+    sliding = _sliding_layers(raw, arch, layers)
+    window = raw.get("sliding_window") if any(sliding) else None
+    rope_theta, rope_scaling, local_theta = _rope(raw)
+    gemma = arch == "gemma3"
+    act = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
+    if act not in _ACTIVATIONS:
+        raise ValueError(f"unsupported hidden activation {act!r}; supported: {sorted(_ACTIVATIONS)}")
     return ModelConfig(
         architecture=arch,
         vocab_size=raw["vocab_size"],
         hidden_size=hidden,
         intermediate_size=raw["intermediate_size"],
-        num_layers=raw["num_hidden_layers"],
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=raw.get("num_key_value_heads") or heads,
         head_dim=raw.get("head_dim") or hidden // heads,
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-        rope_theta=raw.get("rope_theta", 10000.0),
-        rope_scaling=raw.get("rope_scaling"),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
         max_position_embeddings=raw.get("max_position_embeddings", 2048),
-        tie_word_embeddings=raw.get("tie_word_embeddings", False),
+        tie_word_embeddings=raw.get("tie_word_embeddings", gemma),
         attention_bias=raw.get("attention_bias", arch == "qwen2"),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=tokenizer.eos_token_ids,
         add_bos_token=tokenizer.add_bos_token,
         name=name,
+        qk_norm=arch in ("qwen3", "gemma3"),
+        sandwich_norms=gemma,
+        hidden_act=_ACTIVATIONS[act],
+        embedding_scale=float(np.sqrt(hidden)) if gemma else 1.0,
+        attention_scale=raw.get("query_pre_attn_scalar", 256) ** -0.5 if gemma else None,
+        sliding_window=window,
+        sliding_layers=tuple(sliding) if window else None,
+        rope_local_theta=local_theta if gemma and window else None,
     )
+
+
+_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+
+
+def _sliding_layers(raw: dict, arch: str, layers: int) -> list[bool]:
+    """Which layers use `sliding_window`: config.json's layer_types when it has them, else each
+    family's rule in transformers (Mistral: all; Qwen2/3: use_sliding_window from
+    max_window_layers on; Gemma 3: all but every sliding_window_pattern-th)."""
+    if not raw.get("sliding_window"):
+        return [False] * layers
+    if raw.get("layer_types"):
+        return [t == "sliding_attention" for t in raw["layer_types"]]
+    if arch == "mistral":
+        return [True] * layers
+    if arch in ("qwen2", "qwen3"):
+        first = raw.get("max_window_layers", layers)
+        return [bool(raw.get("use_sliding_window")) and i >= first for i in range(layers)]
+    if arch == "gemma3":
+        pattern = raw.get("sliding_window_pattern", _GEMMA3_SWA_PATTERN)
+        return [(i + 1) % pattern != 0 for i in range(layers)]
+    return [False] * layers
+
+
+def _rope(raw: dict) -> tuple[float, dict | None, float]:
+    """(global base, global scaling, sliding layers' base) from rope_theta / rope_scaling /
+    rope_local_base_freq, or from transformers 5's rope_parameters (per layer type or not)."""
+    params = raw.get("rope_parameters")
+    if params and "full_attention" in params:
+        full, local = params["full_attention"], params.get("sliding_attention", params["full_attention"])
+        return float(full.get("rope_theta", 10000.0)), _scaling(full), float(local.get("rope_theta", 10000.0))
+    if params:
+        theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+        return theta, _scaling(params), float(raw.get("rope_local_base_freq", theta))
+    theta = float(raw.get("rope_theta", 10000.0))
+    return theta, raw.get("rope_scaling"), float(raw.get("rope_local_base_freq", 10000.0))
+
+
+def _scaling(params: dict) -> dict | None:
+    return None if params.get("rope_type", "default") == "default" else params
 
 
 def _shard_files(path: str) -> list[str]:
@@ -105,7 +174,7 @@ def _shard_files(path: str) -> list[str]:
     return files
 
 
-def _read_safetensors(path: str, progress) -> dict[str, np.ndarray]:
+def _read_safetensors(path: str, layer_names: dict, progress) -> dict[str, np.ndarray]:
     from safetensors import safe_open
 
     weights = {}
@@ -113,7 +182,7 @@ def _read_safetensors(path: str, progress) -> dict[str, np.ndarray]:
     for done, file in enumerate(files, 1):
         with safe_open(file, framework="np") as f:
             for hf_name in f.keys():
-                name = _canonical_name(hf_name)
+                name = _canonical_name(hf_name, layer_names)
                 if name is not None:
                     weights[name] = np.asarray(f.get_tensor(hf_name), dtype=np.float32)  # bf16 via ml_dtypes
         if progress:
@@ -121,10 +190,10 @@ def _read_safetensors(path: str, progress) -> dict[str, np.ndarray]:
     return weights
 
 
-def _canonical_name(hf_name: str) -> str | None:
+def _canonical_name(hf_name: str, layer_names: dict) -> str | None:
     if hf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[hf_name]
     parts = hf_name.split(".", 3)
-    if len(parts) == 4 and parts[0] == "model" and parts[1] == "layers" and parts[3] in _LAYER_NAMES:
-        return f"layers.{parts[2]}.{_LAYER_NAMES[parts[3]]}"
+    if len(parts) == 4 and parts[0] == "model" and parts[1] == "layers" and parts[3] in layer_names:
+        return f"layers.{parts[2]}.{layer_names[parts[3]]}"
     return None

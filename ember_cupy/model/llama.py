@@ -1,8 +1,14 @@
-"""The Llama-family decoder (Llama, Mistral, Qwen2, SmolLM) composed from ops/.
+"""The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Gemma 3, SmolLM) composed from ops/.
 
 One forward runs one flattened batch: every scheduled token of every sequence is a row of a
 [T, hidden] matrix, so each linear layer is a single GEMM, and attention reads K/V through the
 block tables of the paged cache.
+
+The families differ by ModelConfig switches: Qwen3 and Gemma 3 normalise each q/k head (qk_norm);
+Gemma 3 also scales the embeddings, normalises the outputs of attention and MLP before adding
+them to the residual (sandwich_norms), gates its MLP with GELU-tanh, and alternates sliding-window
+layers (their own RoPE base) with global ones; Mistral's layers all slide. Plain Llama layers run
+fused in one host call per layer (ops/layer.py); the others op by op.
 """
 from __future__ import annotations
 
@@ -43,6 +49,17 @@ class LayerWeights:
     ffn_norm: object
     gate_up: object           # gate/up fused into one matmul
     down: object
+    q_norm: object | None = None          # [head_dim] (qk_norm)
+    k_norm: object | None = None
+    post_attn_norm: object | None = None  # [hidden] (sandwich_norms)
+    post_ffn_norm: object | None = None
+
+
+def is_plain_llama(cfg: ModelConfig) -> bool:
+    """A Llama layer as cpu/layer.c computes it: none of the other families' features."""
+    return (not cfg.qk_norm and not cfg.sandwich_norms and cfg.hidden_act == "silu"
+            and cfg.embedding_scale == 1.0 and cfg.attention_scale is None
+            and not any(cfg.layer_window(i) for i in range(cfg.num_layers)))
 
 
 class LlamaModel:
@@ -65,23 +82,32 @@ class LlamaModel:
         self.layers = [self._layer(take, checkpoint.weights, i, put, quantization)
                        for i in range(cfg.num_layers)]
         max_positions = max(cfg.max_position_embeddings, 1)
+        freq_factors = checkpoint.weights.get("rope_freqs")   # llama.cpp's llama3 RoPE scaling
         self.cos_sin_cache = xp.asarray(ops.rope_cos_sin_cache(
-            cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling))
-        self.scale = cfg.head_dim ** -0.5
+            cfg.head_dim, max_positions, cfg.rope_theta, None if freq_factors is not None else cfg.rope_scaling,
+            freq_factors=freq_factors))
+        self.local_cos_sin_cache = self.cos_sin_cache if cfg.rope_local_theta is None else xp.asarray(
+            ops.rope_cos_sin_cache(cfg.head_dim, max_positions, cfg.rope_local_theta))
+        self.scale = cfg.attention_scale or cfg.head_dim ** -0.5
+        self._fusable = is_plain_llama(cfg)
 
     @staticmethod
     def _layer(take, weights: dict, index: int, put, quantization: str) -> LayerWeights:
         get = lambda name: take(f"layers.{index}.{name}")  # noqa: E731
         matrix = lambda name: linear_weight(get(name), quantization, put)  # noqa: E731
-        bias = get("qkv_bias") if f"layers.{index}.qkv_bias" in weights else None
+        optional = lambda name: put(get(name)) if f"layers.{index}.{name}" in weights else None  # noqa: E731
         return LayerWeights(
             attn_norm=put(get("attn_norm")),
             qkv=matrix("qkv"),
-            qkv_bias=None if bias is None else put(bias),
+            qkv_bias=optional("qkv_bias"),
             o=matrix("o"),
             ffn_norm=put(get("ffn_norm")),
             gate_up=matrix("gate_up"),
             down=matrix("down"),
+            q_norm=optional("q_norm"),
+            k_norm=optional("k_norm"),
+            post_attn_norm=optional("post_attn_norm"),
+            post_ffn_norm=optional("post_ffn_norm"),
         )
 
     def weight_bytes(self) -> int:
@@ -98,29 +124,48 @@ class LlamaModel:
         """input_ids [T] -> logits [len(logits_indices), vocab] (float32)."""
         cfg = self.config
         hidden = embedding(self.embed, input_ids)
+        if cfg.embedding_scale != 1.0:
+            hidden = hidden * hidden.dtype.type(cfg.embedding_scale)
         fused = None if _cuda.wants_kernel(hidden) else self._fused_layers(kv_caches)
         if fused is not None:
             return self._forward_fused(hidden, batch, fused)
+        if cfg.sandwich_norms:
+            return self._forward_sandwich(hidden, batch, kv_caches)
         residual = None
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        for index, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             if residual is None:
                 residual = hidden
                 x = ops.rms_norm(hidden, layer.attn_norm, cfg.rms_norm_eps)
             else:
                 x, residual = ops.fused_add_rms_norm(hidden, residual, layer.attn_norm, cfg.rms_norm_eps)
-            hidden = self._attention(x, layer, batch, k_cache, v_cache)
+            hidden = self._attention(x, index, layer, batch, k_cache, v_cache)
             x, residual = ops.fused_add_rms_norm(hidden, residual, layer.ffn_norm, cfg.rms_norm_eps)
-            passes = self.activation_passes
-            hidden = linear(ops.silu_and_mul(linear(x, layer.gate_up, passes)), layer.down, passes)
+            hidden = self._mlp(x, layer)
         sampled_hidden = (hidden[batch.logits_indices], residual[batch.logits_indices])
         x, _ = ops.fused_add_rms_norm(*sampled_hidden, self.norm, cfg.rms_norm_eps)
         return self._logits(x)
+
+    def _forward_sandwich(self, hidden, batch: BatchMetadata, kv_caches):
+        """Gemma 3: residual += norm(attention(norm(residual))); residual += norm(mlp(norm(residual)))."""
+        eps = self.config.rms_norm_eps
+        for index, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            x = self._attention(ops.rms_norm(hidden, layer.attn_norm, eps), index, layer, batch, k_cache, v_cache)
+            hidden = hidden + ops.rms_norm(x, layer.post_attn_norm, eps)
+            x = self._mlp(ops.rms_norm(hidden, layer.ffn_norm, eps), layer)
+            hidden = hidden + ops.rms_norm(x, layer.post_ffn_norm, eps)
+        return self._logits(ops.rms_norm(hidden[batch.logits_indices], self.norm, eps))
+
+    def _mlp(self, x, layer: LayerWeights):
+        passes = self.activation_passes
+        gate_up = linear(x, layer.gate_up, passes)
+        activated = ops.silu_and_mul(gate_up) if self.config.hidden_act == "silu" else ops.gelu_tanh_and_mul(gate_up)
+        return linear(activated, layer.down, passes)
 
     # --- one host-kernel call per layer (ops/layer.py); the loop above is its twin ---------
     fuse_layers = True      # tools/profile_step.py turns it off to time the ops one by one
 
     def _fused_layers(self, kv_caches):
-        if not self.fuse_layers or self.xp is not np:
+        if not self.fuse_layers or not self._fusable or self.xp is not np:
             return None
         library = _host.active()
         if library is None:
@@ -161,7 +206,7 @@ class LlamaModel:
             np.matmul(self.lm_head[start:start + _LM_HEAD_SLICE], x_t, out=out[start:start + _LM_HEAD_SLICE])
         return np.ascontiguousarray(out.T)
 
-    def _attention(self, x, layer: LayerWeights, batch: BatchMetadata, k_cache, v_cache):
+    def _attention(self, x, index: int, layer: LayerWeights, batch: BatchMetadata, k_cache, v_cache):
         cfg = self.config
         qkv = linear(x, layer.qkv, self.activation_passes)
         if layer.qkv_bias is not None:
@@ -170,8 +215,18 @@ class LlamaModel:
         q = qkv[:, :cfg.q_size].reshape(num_tokens, cfg.num_heads, cfg.head_dim)
         k = qkv[:, cfg.q_size:cfg.q_size + cfg.kv_size].reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
         v = qkv[:, cfg.q_size + cfg.kv_size:].reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-        ops.apply_rope(q, k, batch.positions, self.cos_sin_cache, is_neox=True)
+        if layer.q_norm is not None:
+            q, k = self._head_norm(q, layer.q_norm), self._head_norm(k, layer.k_norm)
+        window = cfg.layer_window(index)
+        cos_sin = self.local_cos_sin_cache if window else self.cos_sin_cache
+        ops.apply_rope(q, k, batch.positions, cos_sin, is_neox=True)
         ops.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         out = ops.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,
-                                  batch.query_start_loc, self.scale)
+                                  batch.query_start_loc, self.scale, window)
         return linear(out.reshape(num_tokens, cfg.q_size), layer.o, self.activation_passes)
+
+    def _head_norm(self, x, weight):
+        """RMSNorm over each head of x [T, H, D] (a new contiguous array)."""
+        tokens, heads, head_dim = x.shape
+        flat = self.xp.ascontiguousarray(x).reshape(tokens * heads, head_dim)
+        return ops.rms_norm(flat, weight, self.config.rms_norm_eps).reshape(tokens, heads, head_dim)

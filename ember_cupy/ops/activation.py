@@ -1,4 +1,5 @@
-"""SiLU(gate) * up: NumPy twin, host kernel (cpu/elementwise.c) and launch of cuda/activation.cu."""
+"""SiLU(gate) * up: NumPy twin, host kernel (cpu/elementwise.c) and launch of cuda/activation.cu;
+GELU-tanh(gate) * up (Gemma) in array code that runs on either backend."""
 from __future__ import annotations
 
 import ctypes
@@ -38,6 +39,17 @@ def silu_and_mul_numpy(gate_up):
     np.divide(gate, out, out=out)
     out *= up
     return out
+
+
+def gelu_tanh_and_mul(gate_up):
+    """gate_up [T, 2I] (gate first) -> gelu_tanh(gate) * up, [T, I] (PyTorch's
+    gelu(approximate="tanh"), HF's gelu_pytorch_tanh): elementwise xp code, no kernel of its own."""
+    xp = array_module(gate_up)
+    half = gate_up.shape[-1] // 2
+    gate, up = gate_up[:, :half], gate_up[:, half:]
+    dtype = gate.dtype.type
+    inner = gate * (dtype(1.0) + dtype(0.044715) * gate * gate) * dtype(np.sqrt(2.0 / np.pi))
+    return dtype(0.5) * gate * (dtype(1.0) + xp.tanh(inner)) * up
 
 
 def _silu_and_mul_kernel(gate_up):

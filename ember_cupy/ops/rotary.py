@@ -50,9 +50,17 @@ def _llama3_inv_freq(inv_freq: np.ndarray, factor: float, scaling: dict) -> np.n
 
 
 def rope_cos_sin_cache(head_dim: int, max_positions: int, theta: float,
-                       scaling: dict | None = None) -> np.ndarray:
-    """[max_positions, D] float32: cos of every frequency in the first half, sin in the second."""
+                       scaling: dict | None = None, freq_factors=None) -> np.ndarray:
+    """[max_positions, D] float32: cos of every frequency in the first half, sin in the second.
+
+    freq_factors [D/2]: each frequency divided by its factor, as llama.cpp applies a GGUF's
+    `rope_freqs` tensor (how its converter stores Llama 3.1+'s llama3 scaling)."""
     inv_freq = rope_inv_freq(head_dim, theta, scaling)
+    if freq_factors is not None:
+        factors = np.asarray(freq_factors, dtype=np.float64).reshape(-1)
+        if factors.shape != inv_freq.shape:
+            raise ValueError(f"rope_freqs has {factors.size} factors; head_dim {head_dim} needs {inv_freq.size}")
+        inv_freq = inv_freq / factors
     angles = np.outer(np.arange(max_positions, dtype=np.float64), inv_freq)
     return np.concatenate([np.cos(angles), np.sin(angles)], axis=-1).astype(np.float32)
 
