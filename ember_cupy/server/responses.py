@@ -53,19 +53,51 @@ class LogprobFormatter:
 
     def completion(self, entries, text_offset: int) -> dict:
         """OpenAI's legacy shape: tokens, token_logprobs, top_logprobs, text_offset."""
+        return self._legacy([(entry.token_id, entry) for entry in entries], text_offset)
+
+    def echoed_prompt(self, token_ids: list[int], entries, k: int) -> dict:
+        """The prompt's part of an echoed completion's logprobs, top k per token: the first token
+        has none (nothing comes before it), as in OpenAI's and vLLM's replies."""
+        entries = entries or [None] * len(token_ids)
+        return self._legacy(list(zip(token_ids, entries)), 0, k)
+
+    def _legacy(self, pairs, text_offset: int, k: int | None = None) -> dict:
         tokens, token_logprobs, tops, offsets = [], [], [], []
-        for entry in entries:
-            text = self._text(entry.token_id)
+        for token_id, entry in pairs:
+            text = self._text(token_id)
             tokens.append(text)
-            token_logprobs.append(_finite(entry.logprob))
-            top = {text: _finite(entry.logprob)}
-            for token_id, logprob in entry.top:
-                top.setdefault(self._text(token_id), _finite(logprob))
-            tops.append(top)
             offsets.append(text_offset)
             text_offset += len(text)
+            if entry is None:
+                token_logprobs.append(None)
+                tops.append(None)
+                continue
+            token_logprobs.append(_finite(entry.logprob))
+            top = {text: _finite(entry.logprob)}
+            for top_id, logprob in entry.top[:k]:
+                top.setdefault(self._text(top_id), _finite(logprob))
+            tops.append(top)
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops,
                 "text_offset": offsets}
+
+    def vllm_prompt(self, entries) -> list[dict | None]:
+        """vLLM's `prompt_logprobs`: per prompt token, None for the first, else token id ->
+        {logprob, rank (1 = the likeliest; null when outside the top k), decoded_token}."""
+        out = []
+        for entry in entries:
+            if entry is None:
+                out.append(None)
+                continue
+            ranked = {token_id: (rank, logprob) for rank, (token_id, logprob) in enumerate(entry.top, 1)}
+            ranked.setdefault(entry.token_id, (None, entry.logprob))
+            out.append({str(token_id): {"logprob": _finite(logprob), "rank": rank,
+                                        "decoded_token": self._text(token_id)}
+                        for token_id, (rank, logprob) in ranked.items()})
+        return out
+
+    @staticmethod
+    def joined(first: dict, second: dict) -> dict:
+        return {key: first[key] + second[key] for key in first}
 
     def _bytes(self, token_id: int) -> list[int]:
         """The token's own bytes (part of a UTF-8 character for some tokens), not its text's."""
@@ -83,9 +115,13 @@ class LogprobFormatter:
         return {"content": content}
 
 
-def completion_choice(index: int, c: CompletionOutput, text: str, logprobs: dict | None) -> dict:
-    return {"index": index, "text": text, "logprobs": logprobs,
-            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+def completion_choice(index: int, c: CompletionOutput, text: str, logprobs: dict | None,
+                      prompt_logprobs: list | None = None) -> dict:
+    choice = {"index": index, "text": text, "logprobs": logprobs,
+              "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+    if prompt_logprobs is not None:
+        choice["prompt_logprobs"] = prompt_logprobs
+    return choice
 
 
 def chat_choice(index: int, c: CompletionOutput, logprobs: dict | None) -> dict:

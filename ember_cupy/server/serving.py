@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
 
 from aiohttp import web
 
+from ember_cupy import tool_calls
 from ember_cupy.server import responses as R
 from ember_cupy.server.async_engine import (
     AsyncEngine,
@@ -18,6 +20,7 @@ from ember_cupy.server.async_engine import (
 )
 from ember_cupy.server.errors import APIError, from_value_error
 from ember_cupy.server.protocol import GenerationRequest, parse_chat, parse_completion
+from ember_cupy.server.protocol.constraints import tool_spec
 from ember_cupy.server.validation import read_json_body
 
 log = logging.getLogger("ember_cupy.server")
@@ -82,12 +85,23 @@ class OpenAIServing:
             raise APIError(404, f"the model '{name}' does not exist; served: {self.model_names}",
                            param="model", code="model_not_found")
 
+    def check_priority(self, req: GenerationRequest) -> None:
+        """As vLLM: a priority means something only under the priority policy, so it is refused
+        elsewhere rather than silently ignored."""
+        policy = getattr(getattr(self.engine.engine, "config", None), "policy", "priority")
+        if req.priority != 0 and policy != "priority":
+            raise APIError(400, f"'priority' {req.priority} needs the server's priority scheduling policy "
+                                f"(--policy priority); it runs with '{policy}'", param="priority",
+                           code="unsupported_parameter")
+
     # --- endpoints ------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await read_json_body(request)
         self.ensure_ready()
         req = parse_completion(body, self.engine.tokenizer.vocab_size)
         self.check_model(req.model)
+        self.check_priority(req)
+        req.params = dataclasses.replace(req.params, structured_outputs=req.constraint)
         return await self._generate(request, req, req.prompts)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -95,13 +109,21 @@ class OpenAIServing:
         self.ensure_ready()
         req = parse_chat(body, self.engine.tokenizer.vocab_size)
         self.check_model(req.model)
+        self.check_priority(req)
+        tools = tool_spec(req.body)
+        supports_tools = tool_calls.template_supports_tools(self.engine.tokenizer)
+        try:
+            req.params = tool_calls.constrain(dataclasses.replace(req.params, structured_outputs=req.constraint),
+                                              tools, supports_tools)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="tool_choice", code="invalid_value") from None
         try:
             prompt = await self.engine.off_loop(
-                self.engine.tokenizer.apply_chat_template, req.messages,
+                tool_calls.render_chat, self.engine.tokenizer, req.messages, tools,
                 add_generation_prompt=req.add_generation_prompt, **req.chat_template_kwargs)
         except (ValueError, TypeError) as exc:
             raise APIError(400, str(exc), param="messages", code="invalid_value") from None
-        return await self._generate(request, req, [prompt])
+        return await self._generate(request, req, [prompt], tools)
 
     # --- generation -----------------------------------------------------------------------
     async def _admit(self, req: GenerationRequest, prompts: list, response_id: str) -> list[RequestStream]:
@@ -123,12 +145,13 @@ class OpenAIServing:
             raise error
         return streams
 
-    async def _generate(self, request: web.Request, req: GenerationRequest, prompts: list):
+    async def _generate(self, request: web.Request, req: GenerationRequest, prompts: list,
+                        tools: tool_calls.ToolSpec = tool_calls.NO_TOOLS):
         prefix = "chatcmpl-" if req.kind == "chat" else "cmpl-"
         response_id = prefix + uuid.uuid4().hex
         streams = await self._admit(req, prompts, response_id)
         try:
-            ctx = _Context(self, req, response_id, prompts)
+            ctx = _Context(self, req, response_id, prompts, tools)
             if req.stream:
                 return await self._stream(request, ctx, streams)
             return await self._full(ctx, streams)
@@ -149,6 +172,7 @@ class OpenAIServing:
         choices.sort(key=lambda ch: ch["index"])
         body = R.envelope(ctx.req.kind, ctx.response_id, ctx.created, ctx.model, choices,
                           stream=False, usage_body=counter.body())
+        body.update(ctx.full_body_extras(finals))
         return web.json_response(body)
 
     async def _stream(self, request: web.Request, ctx: _Context, streams) -> web.StreamResponse:
@@ -189,7 +213,8 @@ class OpenAIServing:
 class _Context:
     """What one response needs to turn outputs into choices: ids, offsets, what was sent."""
 
-    def __init__(self, serving: OpenAIServing, req: GenerationRequest, response_id: str, prompts: list):
+    def __init__(self, serving: OpenAIServing, req: GenerationRequest, response_id: str, prompts: list,
+                 tools: tool_calls.ToolSpec = tool_calls.NO_TOOLS):
         self.req = req
         self.response_id = response_id
         self.created = int(time.time())
@@ -200,6 +225,11 @@ class _Context:
         self.n = req.params.n
         self.text_offset: dict[int, int] = {}
         self.done: set[int] = set()
+        self.tools = tools
+        self.supports_tools = tool_calls.template_supports_tools(self.tokenizer)
+        self.tool_streams: dict[int, tool_calls.ToolCallStream] = {}   # by choice index
+        self.chat_prompt_logprobs: list | None = None   # for the next chunk's envelope (vLLM's)
+        self.prompt_logprobs: dict[int, list] = {}      # by prompt index: outputs may carry them once
 
     def _prompt_text(self, prompt_index: int) -> str:
         prompt = self.prompts[prompt_index]
@@ -209,25 +239,49 @@ class _Context:
         index = prompt_index * self.n + c.index
         if self.req.kind == "chat":
             lp = self.logprobs.chat(c.logprobs) if c.logprobs is not None else None
-            return R.chat_choice(index, c, lp)
-        prefix = self._prompt_text(prompt_index) if self.req.echo else ""
-        lp = self.logprobs.completion(c.logprobs, len(prefix)) if c.logprobs is not None else None
-        return R.completion_choice(index, c, prefix + c.text, lp)
+            choice = R.chat_choice(index, c, lp)
+            if self.tools.active:
+                tool_calls.set_full_choice(choice, c.text, self.tools, self.supports_tools)
+            return choice
+        return self._completion_choice(prompt_index, index, output, c, c.text, c.logprobs, 0)
+
+    def _completion_choice(self, prompt_index: int, index: int, output, c, text: str, entries,
+                           offset: int, first: bool = True) -> dict:
+        """A completion choice; the first of its index carries the echoed prompt (with its
+        logprobs when logprobs are asked for) and vLLM's prompt_logprobs."""
+        prefix = self._prompt_text(prompt_index) if first and self.req.echo else ""
+        lp = self.logprobs.completion(entries, offset + len(prefix)) if entries is not None else None
+        if prefix and lp is not None:
+            entries = self._prompt_entries(prompt_index, output)
+            echoed = self.logprobs.echoed_prompt(output.prompt_token_ids, entries, self.req.params.logprobs)
+            lp = self.logprobs.joined(echoed, lp)
+        self.text_offset[index] = offset + len(prefix) + len(text)
+        vllm = self._vllm_prompt_logprobs(prompt_index, output) if first else None
+        return R.completion_choice(index, c, prefix + text, lp, vllm)
+
+    def _prompt_entries(self, prompt_index: int, output) -> list | None:
+        if output.prompt_logprobs is not None:
+            self.prompt_logprobs.setdefault(prompt_index, output.prompt_logprobs)
+        return self.prompt_logprobs.get(prompt_index)
+
+    def _vllm_prompt_logprobs(self, prompt_index: int, output) -> list | None:
+        entries = self._prompt_entries(prompt_index, output)
+        if self.req.prompt_logprobs is None or entries is None:
+            return None
+        return self.logprobs.vllm_prompt(entries)
+
+    def full_body_extras(self, finals: list) -> dict:
+        """Chat's prompt_logprobs sit beside the choices (vLLM's shape)."""
+        if self.req.kind != "chat" or self.req.prompt_logprobs is None:
+            return {}
+        return {"prompt_logprobs": self._vllm_prompt_logprobs(0, finals[0])}
 
     def first_chunks(self, num_prompts: int) -> list[dict]:
-        """Chat: the assistant role for every choice; echo: the prompt text."""
-        indices = range(num_prompts * self.n)
+        """Chat: the assistant role for every choice. (An echoed prompt goes with the first
+        output of each choice: its logprobs are known only once the prompt has run.)"""
         if self.req.kind == "chat":
             return [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                     "finish_reason": None} for i in indices]
-        if self.req.echo:
-            chunks = []
-            for i in indices:
-                text = self._prompt_text(i // self.n)
-                self.text_offset[i] = len(text)
-                chunks.append({"index": i, "text": text, "logprobs": None, "finish_reason": None,
-                               "stop_reason": None})
-            return chunks
+                     "finish_reason": None} for i in range(num_prompts * self.n)]
         return []
 
     def stream_choices(self, prompt_index: int, output) -> list[dict]:
@@ -237,24 +291,38 @@ class _Context:
             if index in self.done:
                 continue
             entries = c.logprobs   # a delta output's: those of its new tokens
-            if not c.delta_text and not c.finish_reason and not entries:
+            first = index not in self.text_offset
+            self.text_offset.setdefault(index, 0)
+            says_prompt = first and (self.req.echo or self.req.prompt_logprobs is not None)
+            if not c.delta_text and not c.finish_reason and not entries and not says_prompt:
                 continue
             if c.finish_reason:
                 self.done.add(index)
             if self.req.kind == "chat":
                 lp = self.logprobs.chat(entries) if entries is not None else None
                 delta = {"content": c.delta_text} if c.delta_text else {}
+                finish_reason = c.finish_reason
+                if self.tools.active:
+                    stream = self.tool_streams.setdefault(
+                        index, tool_calls.ToolCallStream(self.tools, self.supports_tools))
+                    delta, called = tool_calls.stream_delta(stream, c.delta_text, bool(c.finish_reason))
+                    finish_reason = "tool_calls" if called else finish_reason
+                    if not delta and not finish_reason and not entries and not says_prompt:
+                        continue
+                if says_prompt:
+                    self.chat_prompt_logprobs = self._vllm_prompt_logprobs(prompt_index, output)
                 choices.append({"index": index, "delta": delta, "logprobs": lp,
-                                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+                                "finish_reason": finish_reason, "stop_reason": c.stop_reason})
             else:
-                offset = self.text_offset.get(index, 0)
-                lp = self.logprobs.completion(entries, offset) if entries is not None else None
-                self.text_offset[index] = offset + len(c.delta_text)
-                choices.append(R.completion_choice(index, c, c.delta_text, lp))
+                choices.append(self._completion_choice(prompt_index, index, output, c, c.delta_text, entries,
+                                                       self.text_offset[index], first))
         return choices
 
     def chunk(self, choices: list[dict], counter: R.UsageCounter) -> dict:
         include = self.req.include_usage
         usage_body = counter.body() if include and self.req.continuous_usage_stats else None
-        return R.envelope(self.req.kind, self.response_id, self.created, self.model, choices,
+        body = R.envelope(self.req.kind, self.response_id, self.created, self.model, choices,
                           stream=True, usage_body=usage_body, include_usage_key=include)
+        if self.chat_prompt_logprobs is not None:
+            body["prompt_logprobs"], self.chat_prompt_logprobs = self.chat_prompt_logprobs, None
+        return body

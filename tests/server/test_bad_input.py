@@ -99,10 +99,13 @@ CASES = [
      "stream_options"),
     ("unknown-field", "POST", C, comp(temprature=0.5), {}, 400, "temprature"),
     ("suffix-unsupported", "POST", C, comp(suffix="x"), {}, 400, "suffix"),
-    ("echo-with-logprobs", "POST", C, comp(echo=True, logprobs=1), {}, 400, "echo"),
+    ("prompt-logprobs-too-many", "POST", C, comp(prompt_logprobs=50), {}, 400, "prompt_logprobs"),
+    ("prompt-logprobs-bool", "POST", CH, chat(prompt_logprobs=True), {}, 400, "prompt_logprobs"),
+    ("echo-not-bool", "POST", C, comp(echo="yes"), {}, 400, "echo"),
     ("best-of-unsupported", "POST", C, comp(best_of=3), {}, 400, "best_of"),
     ("cache-salt-empty", "POST", C, comp(cache_salt=""), {}, 400, "cache_salt"),
     ("priority-string", "POST", C, comp(priority="high"), {}, 400, "priority"),
+    ("priority-under-fcfs", "POST", CH, chat(priority=1), {}, 400, "priority"),   # the test server: fcfs
     ("model-not-string", "POST", C, comp(model=5), {}, 400, "model"),
     # chat
     ("missing-messages", "POST", CH, {"model": MODEL}, {}, 400, "messages"),

@@ -29,6 +29,7 @@ class GenerationRequest:
     echo: bool = False
     priority: int = 0
     cache_salt: str | None = None
+    prompt_logprobs: int | None = None   # vLLM's field: reply with the prompt's logprobs, top k
     constraint: dict | None = None     # structured_constraint(body): None = free text
 
 
@@ -42,10 +43,8 @@ def validate(model: type, body: dict, vocab_size: int | None = None):
 
 def parse_completion(body: dict, vocab_size: int) -> GenerationRequest:
     request: CompletionRequest = validate(CompletionRequest, body, vocab_size)
-    if request.echo and request.logprobs is not None:
-        raise APIError(400, "'echo' together with 'logprobs' is not supported (no prompt logprobs)",
-                       param="echo", code="unsupported_parameter")
-    params = _sampling(request, request.logprobs, request.max_tokens, "max_tokens")
+    echo_logprobs = request.logprobs if request.echo else None   # the prompt's, in the echoed text's
+    params = _sampling(request, request.logprobs, request.max_tokens, "max_tokens", echo_logprobs)
     sequences = len(request.prompt) * params.n
     if sequences > MAX_SEQUENCES:
         raise bad_request(f"{len(request.prompt)} prompts x n={params.n} make {sequences} sequences; "
@@ -76,18 +75,17 @@ def _generation(kind: str, request: SamplingFields, params: SamplingParams, **fi
         kind, model=request.model, params=params, body=request, stream=request.stream,
         include_usage=bool(options and options.include_usage),
         continuous_usage_stats=bool(options and options.continuous_usage_stats),
-        priority=request.priority, cache_salt=request.cache_salt, constraint=structured_constraint(request),
+        priority=request.priority, cache_salt=request.cache_salt, prompt_logprobs=request.prompt_logprobs,
+        constraint=structured_constraint(request),
         **fields)
 
 
-def _sampling(request: SamplingFields, logprobs: int | None, max_tokens: int | None,
-              max_field: str) -> SamplingParams:
+def _sampling(request: SamplingFields, logprobs: int | None, max_tokens: int | None, max_field: str,
+              echo_logprobs: int | None = None) -> SamplingParams:
     if request.best_of is not None and request.best_of != request.n:
         raise APIError(400, "'best_of' other than n is not supported", param="best_of",
                        code="unsupported_parameter")
-    if request.prompt_logprobs is not None:
-        raise APIError(400, "'prompt_logprobs' is not supported", param="prompt_logprobs",
-                       code="unsupported_parameter")
+    asked = [k for k in (request.prompt_logprobs, echo_logprobs) if k is not None]
     if max_tokens is not None and request.min_tokens > max_tokens:
         raise bad_request(f"'min_tokens' ({request.min_tokens}) must be <= {max_field} ({max_tokens})",
                           param="min_tokens")
@@ -100,6 +98,7 @@ def _sampling(request: SamplingFields, logprobs: int | None, max_tokens: int | N
             seed=None if request.seed is None else request.seed % (1 << 64),   # numpy seeds must be >= 0
             max_tokens=max_tokens, min_tokens=request.min_tokens, stop=tuple(request.stop),
             stop_token_ids=tuple(request.stop_token_ids), ignore_eos=request.ignore_eos, logprobs=logprobs,
+            prompt_logprobs=max(asked) if asked else None,
             include_stop_str_in_output=request.include_stop_str_in_output,
             skip_special_tokens=request.skip_special_tokens)
     except ValueError as exc:

@@ -30,6 +30,12 @@ StopList = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
 LogitBias = dict[Annotated[str, StringConstraints(pattern=r"^[0-9]+$")], Annotated[float, Field(ge=-100, le=100)]]
 
 
+def _requires_true(**fields: str) -> dict:
+    """JSON Schema's dependentSchemas for "field X only when boolean Y is true"."""
+    return {"dependentSchemas": {field: {"required": [flag], "properties": {flag: {"const": True}}}
+                                 for field, flag in fields.items()}}
+
+
 def _stop_as_list(value):
     if isinstance(value, str):
         return [value]
@@ -132,7 +138,8 @@ Prompt = Annotated[list, PlainValidator(_prompts, json_schema_input_type=(
 
 class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
-    model_config = ConfigDict(title="CompletionRequest", json_schema_extra={"description": NULL_IS_ABSENT})
+    model_config = ConfigDict(json_schema_extra={"description": NULL_IS_ABSENT,
+                                                 **_requires_true(stream_options="stream")})
 
     prompt: Prompt = Field(description=f"A prompt, or up to {MAX_PROMPTS} prompts (n choices each): text or "
                                        "token ids.", examples=["The capital of France is"])
@@ -145,7 +152,8 @@ class CompletionRequest(SamplingFields):
 
 class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
-    model_config = ConfigDict(title="ChatCompletionRequest", json_schema_extra={"description": NULL_IS_ABSENT})
+    model_config = ConfigDict(json_schema_extra={"description": NULL_IS_ABSENT, **_requires_true(
+        stream_options="stream", top_logprobs="logprobs")})
 
     messages: Messages = MESSAGES_FIELD
     max_completion_tokens: int | None = Field(None, ge=1, description="OpenAI's new name of max_tokens; wins "
@@ -176,6 +184,8 @@ class ChatCompletionRequest(SamplingFields):
 
 class TokenizeRequest(ProtocolModel):
     """POST /tokenize: exactly one of prompt and messages."""
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]})
+
     model: str | None = None
     prompt: str | None = Field(None, examples=["Hello"])
     messages: Messages | None = Field(None, min_length=1)

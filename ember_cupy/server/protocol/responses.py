@@ -1,7 +1,7 @@
 """Response bodies: the documented shape of every reply (tests hold real replies to them)."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -42,12 +42,25 @@ class CompletionLogprobs(ResponseModel):
     text_offset: list[int]
 
 
+class PromptLogprob(ResponseModel):
+    logprob: float
+    rank: int | None = Field(description="1 = the likeliest token; null when outside the top k.")
+    decoded_token: str
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None] | None
+PROMPT_LOGPROBS = Field(None, description="vLLM's prompt_logprobs: per prompt token (null for the first) token id "
+                                          "-> logprob; the prompt's own token and the top k.")
+
+
 class CompletionChoice(ResponseModel):
     index: int
     text: str
-    logprobs: CompletionLogprobs | None
+    logprobs: CompletionLogprobs | None = Field(description="With echo, the prompt's tokens come first (the "
+                                                            "first with null logprobs).")
     finish_reason: FinishReason | None
     stop_reason: StopReason = None
+    prompt_logprobs: PromptLogprobs = PROMPT_LOGPROBS
 
 
 class Completion(ResponseModel):
@@ -95,6 +108,7 @@ class ChatCompletion(ResponseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
+    prompt_logprobs: PromptLogprobs = PROMPT_LOGPROBS
 
 
 class ToolCallFunctionDelta(ResponseModel):
@@ -132,6 +146,7 @@ class ChatCompletionChunk(ResponseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    prompt_logprobs: PromptLogprobs = PROMPT_LOGPROBS
 
 
 class ModelCard(ResponseModel):
@@ -163,5 +178,3 @@ class DetokenizeResponse(ResponseModel):
 class HealthResponse(ResponseModel):
     status: Literal["ready"]
 
-
-VersionResponse = dict[str, Any]   # ember_cupy.info.runtime_info(): free-form
