@@ -9,6 +9,7 @@ from ember_cupy.sampling_params import MAX_N, SamplingParams
 from ember_cupy.server.errors import APIError, bad_request, from_validation_error, from_value_error
 from ember_cupy.server.protocol.constraints import structured_constraint
 from ember_cupy.server.protocol.requests import ChatCompletionRequest, CompletionRequest, SamplingFields
+from ember_cupy.structured import StructuredOutputsParams
 
 MAX_SEQUENCES = MAX_N     # prompts x n of one request: each is a sequence to run
 
@@ -30,7 +31,7 @@ class GenerationRequest:
     priority: int = 0
     cache_salt: str | None = None
     prompt_logprobs: int | None = None   # vLLM's field: reply with the prompt's logprobs, top k
-    constraint: dict | None = None     # structured_constraint(body): None = free text
+    constraint: StructuredOutputsParams | None = None   # structured_constraint(body): None = free text
 
 
 def validate(model: type, body: dict, vocab_size: int | None = None):
