@@ -50,6 +50,7 @@ class ChatTemplate:
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
         self._template = env.from_string(source)
+        self.source = source   # as written: /tokenizer_info hands it to remote tokenizers
         # a template that reads `tools` renders them (and its own tool-call format) itself;
         # the others get ember_cupy/tool_calls.py's generic format
         self.supports_tools = "tools" in source

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 import ember_cupy
+from ember_cupy.server.access_log import access_log_middleware
 from ember_cupy.server.async_engine import AsyncEngine, EngineState
 from ember_cupy.server.errors import APIError, bad_request
 from ember_cupy.server.metrics import CONTENT_TYPE_LATEST
@@ -48,6 +49,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     if settings.allowed_origins:
         preflight, on_prepare = cors_handlers(settings.allowed_origins)
         middlewares.insert(0, preflight)
+    middlewares.insert(0, access_log_middleware())   # outermost: sees every final status
     if settings.api_key:
         middlewares.append(auth_middleware(settings.api_key))
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
@@ -68,6 +70,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     app.router.add_get("/version", handlers.version)
     app.router.add_post("/tokenize", handlers.tokenize)
     app.router.add_post("/detokenize", handlers.detokenize)
+    app.router.add_get("/tokenizer_info", handlers.tokenizer_info)
     app.router.add_get("/openapi.json", handlers.openapi)
     app.on_startup.append(_start_engine)
     app.on_cleanup.append(_stop_engine)
@@ -163,3 +166,16 @@ class _Handlers:
         body = validate(DetokenizeRequest, raw, self.engine.tokenizer.vocab_size)
         self.serving.check_model(body.model)
         return web.json_response({"prompt": self.engine.tokenizer.decode(body.tokens)})
+
+    async def tokenizer_info(self, request: web.Request) -> web.Response:
+        self.serving.ensure_ready()
+        tokenizer = self.engine.tokenizer
+        token = lambda i: None if i is None else tokenizer.id_to_token(i)  # noqa: E731
+        eos = list(tokenizer.eos_token_ids)
+        template = tokenizer.chat_template
+        return web.json_response({
+            "tokenizer_class": "PreTrainedTokenizerFast", "vocab_size": tokenizer.vocab_size,
+            "model_max_length": self.engine.max_model_len, "bos_token": token(tokenizer.bos_token_id),
+            "eos_token": token(eos[0] if eos else None), "eos_token_ids": eos, "pad_token": None,
+            "add_bos_token": bool(tokenizer.add_bos_token),
+            "chat_template": template.source if template is not None else None})

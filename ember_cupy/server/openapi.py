@@ -26,6 +26,8 @@ ROUTES = [
     ("post", "/tokenize", "Text or chat messages to token ids", Q.TokenizeRequest, A.TokenizeResponse,
      (400, 401, 404, 503)),
     ("post", "/detokenize", "Token ids to text", Q.DetokenizeRequest, A.DetokenizeResponse, (400, 401, 404, 503)),
+    ("get", "/tokenizer_info", "The tokenizer's special tokens and chat template", None, A.TokenizerInfoResponse,
+     (401, 503)),
     ("get", "/openapi.json", "This document", None, dict, ()),
 ]
 STREAMED = {A.Completion: A.Completion, A.ChatCompletion: A.ChatCompletionChunk}

@@ -184,7 +184,7 @@ def test_stream_chunks_match_the_documented_schema(spec, base_url, path, body, m
 
 def test_models_and_health_match_the_documented_schema(spec, base_url):
     for path, model in (("/v1/models", "ModelList"), (f"/v1/models/{MODEL}", "ModelCard"),
-                        ("/health", "HealthResponse")):
+                        ("/health", "HealthResponse"), ("/tokenizer_info", "TokenizerInfoResponse")):
         status, _, raw = http(base_url, "GET", path)
         assert status == 200
         validator(spec, model).validate(json.loads(raw))

@@ -1,6 +1,7 @@
-"""Prompt logprobs over HTTP: completions' echo + logprobs (lm-evaluation-harness's loglikelihood
-payload), vLLM's prompt_logprobs on both endpoints, streamed and not; newer OpenAI fields
-accepted and ignored; priority refused under a non-priority policy."""
+"""What evaluation harnesses and newer clients send: completions' echo + logprobs
+(lm-evaluation-harness's loglikelihood payload), vLLM's prompt_logprobs on both endpoints,
+streamed and not, /tokenizer_info; newer OpenAI fields accepted and ignored; priority refused
+under a non-priority policy."""
 from __future__ import annotations
 
 import json
@@ -127,3 +128,13 @@ def test_priority_needs_the_priority_policy(base_url, start_server):
     assert http(base_url, "POST", C, {**body, "priority": 0})[0] == 200
     server = start_server(policy="priority", num_kv_blocks=64)
     assert http(server.url, "POST", C, body)[0] == 200
+
+
+def test_tokenizer_info_describes_the_served_tokenizer(base_url):
+    status, _, raw = http(base_url, "GET", "/tokenizer_info")
+    assert status == 200, raw
+    info = json.loads(raw)
+    assert info["vocab_size"] == 49152 and info["model_max_length"] > 0
+    assert "<|im_start|>" in info["chat_template"] and "messages" in info["chat_template"]
+    status, _, raw = http(base_url, "POST", "/tokenize", {"prompt": info["eos_token"], "add_special_tokens": False})
+    assert json.loads(raw)["tokens"] == [info["eos_token_ids"][0]]

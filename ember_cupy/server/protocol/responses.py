@@ -175,6 +175,20 @@ class DetokenizeResponse(ResponseModel):
     prompt: str
 
 
+class TokenizerInfoResponse(ResponseModel):
+    """GET /tokenizer_info, as vLLM's: what a client needs to tokenize as the server does
+    (lm-evaluation-harness's remote tokenizer reads it)."""
+    tokenizer_class: str = Field(description="The tokenizer.json format's class in transformers.")
+    vocab_size: int
+    model_max_length: int
+    bos_token: str | None
+    eos_token: str | None
+    eos_token_ids: list[int] = Field(description="Every token that ends generation.")
+    pad_token: str | None
+    add_bos_token: bool = Field(description="encode() puts BOS before plain text.")
+    chat_template: str | None
+
+
 class HealthResponse(ResponseModel):
     status: Literal["ready"]
 
