@@ -69,6 +69,9 @@ class ToolSpec:
         return self.mode != "none" and bool(self.tools)
 
 
+NO_TOOLS = ToolSpec((), "none")
+
+
 # --- the request side ----------------------------------------------------------------------------
 def parse_tools(tools, tool_choice=None, parallel_tool_calls: bool | None = True) -> ToolSpec:
     """OpenAI's `tools` (list of {"type": "function", "function": {...}}) and `tool_choice`;
