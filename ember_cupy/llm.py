@@ -7,7 +7,7 @@ from typing import Sequence as Seq
 from ember_cupy import tool_calls
 from ember_cupy.config import EngineConfig
 from ember_cupy.engine.llm_engine import LLMEngine
-from ember_cupy.outputs import RequestOutput
+from ember_cupy.outputs import OutputKind, RequestOutput
 from ember_cupy.sampling_params import SamplingParams
 
 
@@ -34,7 +34,8 @@ class LLM:
             for index, (prompt, sampling) in enumerate(zip(prompts, params_list)):
                 request_id = f"offline-{next(self._ids)}"
                 priority = priorities[index] if priorities else 0
-                self.engine.add_request(request_id, prompt, sampling, priority=priority)
+                self.engine.add_request(request_id, prompt, sampling, priority=priority,
+                                        output_kind=OutputKind.FINAL_ONLY)
                 request_ids.append(request_id)
             return self._run(request_ids)
         except BaseException:
