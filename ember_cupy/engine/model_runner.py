@@ -11,24 +11,32 @@ from ember_cupy.engine.scheduler import ScheduledBatch
 from ember_cupy.engine.sequence import Sequence
 from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.llama import BatchMetadata, LlamaModel
+from ember_cupy.engine.warmup import warm_up
 from ember_cupy.ops.cache import resolve_kv_cache_dtype
 
 logger = logging.getLogger("ember_cupy.runner")
 
 
-def resolve_dtype(name: str, xp) -> np.dtype:
-    """EngineConfig.dtype -> storage dtype of weights and KV: auto = float32 on NumPy, float16 on CuPy.
+def resolve_dtype(name: str, xp, stored_dtype: str | None = None) -> np.dtype:
+    """EngineConfig.dtype -> storage dtype of weights and KV. auto: float32 on NumPy; on CuPy the
+    checkpoint's 16-bit dtype (float16 stays float16, bfloat16 stays bfloat16), and bfloat16 for
+    GGUF and float32 checkpoints: its range is float32's, while float16 tops out at 65504 and
+    SmolLM2-135M's residual stream already peaks at 27,347 (42% of it); larger models carry
+    bigger outlier activations. Logits are float32 whatever the dtype (LlamaModel._logits).
 
     float16 is refused on NumPy: NumPy has no BLAS for float16, so every GEMM runs in its generic
     loops (hundreds of times slower than float32). bfloat16 (ml_dtypes) is allowed: its matmul
     computes in float32 through BLAS."""
     if name == "auto":
-        name = "float32" if xp is np else "float16"
+        name = "float32" if xp is np else ("float16" if stored_dtype == "float16" else "bfloat16")
     if name == "float16" and xp is np:
         raise ValueError("dtype float16 is not supported on the CPU (NumPy) backend: NumPy has no BLAS "
                          "for float16, so matrix products would run hundreds of times slower than in "
                          "float32; use --dtype float32 (the default there) or bfloat16")
     if name == "bfloat16":
+        if xp is not np and int(xp.__version__.split(".")[0]) < 14:
+            raise ValueError(f"dtype bfloat16 needs CuPy >= 14 (found {xp.__version__}); "
+                             "use --dtype float16 or float32")
         import ml_dtypes
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
@@ -74,7 +82,8 @@ class ModelRunner:
         self.model_config = checkpoint.config
         self.config = config
         self.xp = xp
-        dtype = resolve_dtype(config.dtype, xp) if dtype is None else np.dtype(dtype)
+        dtype = (resolve_dtype(config.dtype, xp, checkpoint.stored_dtype) if dtype is None
+                 else np.dtype(dtype))
         if xp is not np:
             _configure_cupy()
         self.quantization = serving_quantization(config, xp)
@@ -88,6 +97,18 @@ class ModelRunner:
         shape = (self.num_blocks, config.block_size, self.model_config.num_kv_heads, self.model_config.head_dim)
         self.kv_caches = [(xp.zeros(shape, kv_dtype), xp.zeros(shape, kv_dtype))
                           for _ in range(self.model_config.num_layers)]
+        if xp is not np:
+            warm_up(self)
+
+    def dummy_step(self):
+        """One token at position 0 that writes nothing into the pool (slot -1): every kernel the
+        forward pass uses runs once. Returns its [1, vocab] logits."""
+        xp = self.xp
+        metadata = BatchMetadata(
+            positions=xp.zeros(1, np.int32), slot_mapping=xp.full(1, -1, np.int32),
+            block_tables=xp.zeros((1, 1), np.int32), context_lens=xp.ones(1, np.int32),
+            query_start_loc=xp.asarray(np.array([0, 1], np.int32)), logits_indices=xp.zeros(1, np.int64))
+        return self.model.forward(xp.zeros(1, np.int64), metadata, self.kv_caches)
 
     def execute(self, batch: ScheduledBatch) -> StepLogits:
         """Run the batch; logits of the sequences that sample now, and of prompt positions

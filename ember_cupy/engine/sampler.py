@@ -198,13 +198,15 @@ class Sampler:
         return output
 
     def _sample_rows(self, logits, seqs: list[Sequence]) -> SamplerOutput:
+        if not seqs:   # a step where nothing samples (mid-prefill): CuPy refuses argmax of (0, vocab)
+            return SamplerOutput([], [])
         logprob_rows = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
         grammar = self._grammar_masks(seqs, logits.shape[-1])
         raw = None   # the rows that report logprobs, before the grammar mask
         if not isinstance(logits, np.ndarray):  # on the device: copy back only what is needed
             if grammar is not None:
                 if logprob_rows:
-                    raw = logits[np.asarray(logprob_rows)].astype(np.float32).get()
+                    raw = logits[logprob_rows].astype(np.float32).get()   # a list indexes CuPy too
                 logits = logits.astype(np.float32)          # a private copy: the mask writes -inf
                 apply_token_bitmask(logits, *grammar)
                 grammar = None

@@ -61,6 +61,7 @@ class Checkpoint:
     weights: dict[str, np.ndarray | QuantizedTensor]
     tokenizer: "object"           # ember_cupy.tokenizer.Tokenizer
     source: str
+    stored_dtype: str | None = None   # the file's float dtype (HF: float32/float16/bfloat16; GGUF: None)
 
     def take(self, name: str):
         """require(name), removing it from the checkpoint (the caller now holds the only copy)."""

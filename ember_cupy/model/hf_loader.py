@@ -53,7 +53,8 @@ def load_hf_directory(path: str, progress: ProgressCallback | None = None) -> Ch
     prepare_linear_weights(weights, config.num_layers)
     if not config.tie_word_embeddings and "lm_head" not in weights:
         raise ValueError(f"{path}: lm_head.weight missing and tie_word_embeddings is false")
-    return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=path)
+    return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=path,
+                      stored_dtype=_stored_dtype(path))
 
 
 def _architecture(raw: dict, path: str) -> str:
@@ -188,6 +189,21 @@ def _read_safetensors(path: str, layer_names: dict, progress) -> dict[str, np.nd
         if progress:
             progress(done, len(files))
     return weights
+
+
+_SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def _stored_dtype(path: str) -> str | None:
+    """The float dtype the checkpoint's matrices are stored in (read from a file header)."""
+    from safetensors import safe_open
+
+    with safe_open(_shard_files(path)[0], framework="np") as f:
+        for name in f.keys():
+            dtype = _SAFETENSORS_DTYPES.get(f.get_slice(name).get_dtype())
+            if dtype is not None and len(f.get_slice(name).get_shape()) == 2:
+                return dtype
+    return None
 
 
 def _canonical_name(hf_name: str, layer_names: dict) -> str | None:

@@ -26,6 +26,7 @@ from ember_cupy.ops.linear import embedding, linear
 
 
 _LM_HEAD_SLICE = 1024
+_LM_HEAD_SLICE_FP32 = 16384   # rows of the 16-bit LM head cast to float32 at a time (device)
 
 
 @dataclass
@@ -197,7 +198,9 @@ class LlamaModel:
         if is_quantized(self.lm_head):
             return linear(x, self.lm_head, self.activation_passes)
         rows = x.shape[0]
-        if self.xp is not np or not 2 <= rows <= 24:
+        if self.xp is not np:
+            return self._logits_fp32(x)
+        if not 2 <= rows <= 24:
             return x @ self.lm_head.T
         vocab = self.lm_head.shape[0]
         out = np.empty((vocab, rows), dtype=np.result_type(x, self.lm_head))
@@ -205,6 +208,21 @@ class LlamaModel:
         for start in range(0, vocab, _LM_HEAD_SLICE):
             np.matmul(self.lm_head[start:start + _LM_HEAD_SLICE], x_t, out=out[start:start + _LM_HEAD_SLICE])
         return np.ascontiguousarray(out.T)
+
+    def _logits_fp32(self, x):
+        """Device logits in float32 whatever the weights' dtype (16-bit logits tie the argmax):
+        float32 GEMMs over slices of the LM head cast on the fly, so the extra memory is one
+        slice. (cuBLAS GemmEx with a float32 output would avoid the casts.)"""
+        xp = self.xp
+        if self.lm_head.dtype == np.float32:
+            return x @ self.lm_head.T
+        vocab = self.lm_head.shape[0]
+        out = xp.empty((x.shape[0], vocab), dtype=np.float32)
+        x32 = x.astype(np.float32)
+        for start in range(0, vocab, _LM_HEAD_SLICE_FP32):
+            stop = min(start + _LM_HEAD_SLICE_FP32, vocab)
+            out[:, start:stop] = x32 @ self.lm_head[start:stop].astype(np.float32).T
+        return out
 
     def _attention(self, x, index: int, layer: LayerWeights, batch: BatchMetadata, k_cache, v_cache):
         cfg = self.config

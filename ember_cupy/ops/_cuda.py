@@ -21,7 +21,9 @@ CUDA_SOURCE_DIR = kernel_source_dir("cuda", "EMBER_CUDA_SOURCES")
 NVRTC_OPTIONS = ("-std=c++17",)
 
 _provider = None
-_modules: dict[tuple[str, str], object] = {}
+_modules: dict[tuple[str, str], object] = {}          # (source, arch) -> RawModule
+_functions: dict[tuple[str, str, str], object] = {}   # (source, kernel, arch) -> RawKernel
+_archs: dict[int, str] = {}                           # device id -> compute capability
 
 
 class KernelCompileError(RuntimeError):
@@ -46,33 +48,100 @@ def use_provider(provider):
 
 
 def function(source: str, name: str):
-    """The kernel `name` of cuda/`source`, callable as fn(grid, block, args, shared_mem=)."""
+    """The kernel `name` of cuda/`source`, callable as fn(grid, block, args, shared_mem=); looked
+    up once per (source, name, device architecture), not at every launch."""
     if _provider is not None:
         return _provider.function(source, name)
+    key = (source, name, _device_arch())
+    kernel = _functions.get(key)
+    if kernel is None:
+        kernel = _functions[key] = load_module(source).get_function(name)
+    return kernel
+
+
+def load_module(source: str):
+    """cuda/`source` compiled for the current device (CUBIN disk cache) and loaded, once."""
     import cupy
-    arch = cupy.cuda.Device().compute_capability
+    arch = _device_arch()
     key = (source, arch)
     if key not in _modules:
         _modules[key] = cupy.RawModule(path=str(compile_cubin(source, arch)))
-    return _modules[key].get_function(name)
+    return _modules[key]
+
+
+def _device_arch() -> str:
+    """Compute capability of the current device, e.g. "90" (one query per device id)."""
+    import cupy
+    device_id = cupy.cuda.runtime.getDevice() if hasattr(cupy.cuda.runtime, "getDevice") else 0
+    arch = _archs.get(device_id)
+    if arch is None:
+        arch = _archs[device_id] = cupy.cuda.Device(device_id).compute_capability
+    return arch
+
+
+def clear_caches() -> None:
+    """Forget loaded modules and looked-up kernels (tests that swap the cupy module)."""
+    _modules.clear()
+    _functions.clear()
+    _archs.clear()
 
 
 # --- NVRTC ----------------------------------------------------------------------------------
+# Which pip wheels hold the headers: cuda_fp16.h / cuda_bf16.h are in the CUDA runtime wheel
+# (nvidia-cuda-runtime-cu12: nvidia/cuda_runtime/include; CUDA 13's nvidia-cuda-runtime:
+# nvidia/cu13/include), never in the NVRTC wheel (only nvrtc.h). setup.cfg's cuda12/cuda13 extras
+# declare them.
 def cuda_include_dir() -> Path:
-    """A directory holding cuda_fp16.h; NVRTC does not find it by itself with pip-installed CUDA."""
+    """A directory holding cuda_fp16.h and cuda_bf16.h; NVRTC does not find them by itself with
+    pip-installed CUDA. Order: EMBER_CUDA_INCLUDE, CUDA_PATH/CUDA_HOME, nvcc's toolkit,
+    /usr/local/cuda, the pip wheels under nvidia/."""
     candidates = [os.environ.get("EMBER_CUDA_INCLUDE")]
     candidates += [os.path.join(os.environ[v], "include") for v in ("CUDA_PATH", "CUDA_HOME") if v in os.environ]
     nvcc = shutil.which("nvcc")
     if nvcc:
-        candidates.append(os.path.join(os.path.dirname(os.path.dirname(nvcc)), "include"))
+        candidates.append(os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "include"))
     candidates.append("/usr/local/cuda/include")
-    with contextlib.suppress(ImportError):
-        import nvidia.cuda_runtime  # pip wheel nvidia-cuda-runtime-cu12
-        candidates += [os.path.join(p, "include") for p in nvidia.cuda_runtime.__path__]
+    candidates += [str(p) for p in _nvidia_wheel_dirs("include")]
     for candidate in filter(None, candidates):
-        if os.path.isfile(os.path.join(candidate, "cuda_fp16.h")):
+        if all(os.path.isfile(os.path.join(candidate, h)) for h in ("cuda_fp16.h", "cuda_bf16.h")):
             return Path(candidate)
-    raise FileNotFoundError("cuda_fp16.h not found: set EMBER_CUDA_INCLUDE to the CUDA include directory")
+    raise FileNotFoundError(
+        "cuda_fp16.h / cuda_bf16.h not found (NVRTC needs them for the kernels): install the CUDA runtime "
+        "headers wheel (pip install 'ember-cupy[cuda12]' or '[cuda13]', which include nvidia-cuda-runtime), "
+        "or set EMBER_CUDA_INCLUDE to a CUDA include directory")
+
+
+def _nvidia_wheel_dirs(leaf: str) -> list[Path]:
+    """<site-packages>/nvidia/*/<leaf> of the installed NVIDIA pip wheels (cu12 and cu13 layouts)."""
+    try:
+        import nvidia
+    except ImportError:
+        return []
+    return sorted(p for root in nvidia.__path__ for p in Path(root).glob(f"*/{leaf}") if p.is_dir())
+
+
+_builtins_loaded = False
+
+
+def preload_nvrtc_builtins() -> str | None:
+    """Load libnvrtc-builtins from the NVRTC wheel's folder, once, before NVRTC needs it.
+
+    The wheel's libnvrtc has no $ORIGIN runpath, so its own dlopen of libnvrtc-builtins.so.13.0
+    fails unless that folder is on LD_LIBRARY_PATH (read only at process start). A library already
+    loaded under the same soname satisfies that dlopen. Returns the path loaded, or None."""
+    global _builtins_loaded
+    if _builtins_loaded:
+        return None
+    _builtins_loaded = True
+    import ctypes
+    for folder in _nvidia_wheel_dirs("lib"):
+        for library in sorted(folder.glob("libnvrtc-builtins.so*"), reverse=True):
+            try:
+                ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+                return str(library)
+            except OSError:
+                continue
+    return None
 
 
 def _cache_dir() -> Path:
@@ -91,6 +160,7 @@ def nvrtc_compile(source: str, arch: str, options: tuple[str, ...] = NVRTC_OPTIO
                   target: str = "cubin") -> tuple[bytes, str]:
     """Compile cuda/`source` for sm_`arch` with NVRTC; returns (CUBIN or PTX, program log)."""
     from cupy_backends.cuda.libs import nvrtc
+    preload_nvrtc_builtins()
     text = (CUDA_SOURCE_DIR / source).read_text()
     program = nvrtc.createProgram(text, source, [], [])
     flags = [f"-arch=sm_{arch}" if target == "cubin" else f"-arch=compute_{arch}",

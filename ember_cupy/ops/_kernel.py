@@ -8,11 +8,17 @@ from ember_cupy.ops import _cuda
 SUFFIXES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 
+_suffix_of: dict = {}    # dtype (as passed) -> suffix: np.dtype(...).name costs ~5 us a launch
+
+
 def kernel(source: str, name: str, dtype):
     """The per-dtype entry `name_<suffix>` of cuda/`source`."""
-    suffix = SUFFIXES.get(np.dtype(dtype).name)
+    suffix = _suffix_of.get(dtype)
     if suffix is None:
-        raise TypeError(f"{name}: no kernel for dtype {np.dtype(dtype)} (supported: {', '.join(SUFFIXES)})")
+        suffix = SUFFIXES.get(np.dtype(dtype).name)
+        if suffix is None:
+            raise TypeError(f"{name}: no kernel for dtype {np.dtype(dtype)} (supported: {', '.join(SUFFIXES)})")
+        _suffix_of[dtype] = suffix
     return _cuda.function(source, f"{name}_{suffix}")
 
 
