@@ -188,3 +188,23 @@ def test_models_and_health_match_the_documented_schema(spec, base_url):
         status, _, raw = http(base_url, "GET", path)
         assert status == 200
         validator(spec, model).validate(json.loads(raw))
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}}
+TOOL_CALL = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER],
+             "tool_choice": "required", "max_tokens": 40, "temperature": 0}
+
+
+def test_tool_call_replies_match_the_documented_schema(spec, base_url):
+    status, raw = post(base_url, "/v1/chat/completions", {"model": MODEL, **TOOL_CALL})
+    assert status == 200, raw
+    reply = json.loads(raw)
+    validator(spec, "ChatCompletion").validate(reply)
+    assert reply["choices"][0]["finish_reason"] == "tool_calls" and reply["choices"][0]["message"]["tool_calls"]
+    status, raw = post(base_url, "/v1/chat/completions", {"model": MODEL, **TOOL_CALL, "stream": True})
+    chunks = sse_chunks(raw)
+    check = validator(spec, "ChatCompletionChunk")
+    for chunk in chunks:
+        check.validate(chunk)
+    assert any(c["delta"].get("tool_calls") for chunk in chunks for c in chunk["choices"])
