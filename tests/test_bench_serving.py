@@ -360,13 +360,13 @@ def test_expected_duration():
 # ---------------------------------------------------------------- resident memory sampler
 
 def test_rss_sampler_sees_a_process_tree():
-    bv = _tool("bench_vs_llamacpp")
+    bm = _tool("bench_machine")
     child = f"{shlex.quote(sys.executable)} -c 'import time; x = bytearray(50_000_000); time.sleep(2)'"
     parent = subprocess.Popen(["sh", "-c", f"{child} & {child} & wait"])
     try:
         time.sleep(0.8)                        # both children have their 50 MB
-        assert len(bv.process_tree(parent.pid)) == 3
-        with bv.RssSampler(parent.pid, interval=0.1) as rss:
+        assert len(bm.process_tree(parent.pid)) == 3
+        with bm.RssSampler(parent.pid, interval=0.1) as rss:
             time.sleep(0.5)
         r = rss.result()
     finally:
@@ -374,24 +374,28 @@ def test_rss_sampler_sees_a_process_tree():
     assert r["samples"] >= 3 and r["processes"] == 3
     assert 2 * 48 <= r["peak_rss_mb"] <= 2 * 48 + 120                 # two x 50 MB + two interpreters
     assert r["peak_anon_mb"] >= 2 * 45 and r["hwm_mb"] >= r["peak_rss_mb"] - 1
-    own = bv.memory_kb(os.getpid())
+    own = bm.memory_kb(os.getpid())
     assert own["VmRSS"] > 0 and own["VmHWM"] >= own["VmRSS"]
-    assert bv.memory_kb(parent.pid) == {} and bv.process_tree(parent.pid) == []   # gone: nothing
-    with bv.RssSampler(parent.pid, interval=0.05) as gone:
+    assert bm.memory_kb(parent.pid) == {} and bm.process_tree(parent.pid) == []   # gone: nothing
+    with bm.RssSampler(parent.pid, interval=0.05) as gone:
         time.sleep(0.1)
     assert gone.result()["samples"] == 0 and gone.result()["peak_rss_mb"] == 0
 
 
 def test_rss_sampler_keeps_the_peak_not_the_last_sample():
-    bv = _tool("bench_vs_llamacpp")
-    code = "import time; x = bytearray(80_000_000); time.sleep(0.8); del x; time.sleep(1.5)"
-    child = subprocess.Popen([sys.executable, "-c", code])
+    bm = _tool("bench_machine")
+    # the child says when it holds 80 MB and when it has let go, so a slow start cannot fool the test
+    code = ("import sys, time; x = bytearray(80_000_000); print('held', flush=True); time.sleep(0.8); "
+            "del x; print('freed', flush=True); sys.stdin.readline()")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        with bv.RssSampler(child.pid, interval=0.05) as rss:
-            time.sleep(1.6)                    # through the 80 MB and past its release
-        last = bv.memory_kb(child.pid)["VmRSS"] / 1024
+        with bm.RssSampler(child.pid, interval=0.05) as rss:
+            assert child.stdout.readline().strip() == "held"
+            assert child.stdout.readline().strip() == "freed"
+            time.sleep(0.2)
+        last = bm.memory_kb(child.pid)["VmRSS"] / 1024
     finally:
-        child.wait(timeout=10)
+        child.communicate("\n", timeout=10)
     r = rss.result()
     assert r["peak_rss_mb"] >= 78 and last < r["peak_rss_mb"] - 60 and r["hwm_mb"] >= 78
 
