@@ -15,7 +15,7 @@ from ember_cupy.sampling_params import (
     MAX_STOP_STRINGS,
     MIN_REPETITION_PENALTY,
 )
-from ember_cupy.server.protocol.base import NULL_IS_ABSENT, ProtocolModel, check_token_ids, one_of
+from ember_cupy.server.protocol.base import NULL_IS_ABSENT, ProtocolModel, check_token_ids
 from ember_cupy.server.protocol.messages import MESSAGES_FIELD, Messages
 from ember_cupy.server.protocol.tools import ResponseFormat, StructuredOutputs, Tool, ToolChoice
 

@@ -60,10 +60,13 @@ class ResponseFormat(ProtocolModel):
         return self
 
 
+JsonSchemaSpec = one_of("a JSON Schema object or its JSON text", dict[str, Any], str)
+
+
 class StructuredOutputs(ProtocolModel):
     """vLLM's `structured_outputs`: exactly one constraint on the generated text."""
     model_config = ConfigDict(json_schema_extra={"examples": [{"regex": "[0-9]+"}, {"choice": ["yes", "no"]}]})
-    json_: one_of("a JSON Schema object or its JSON text", dict[str, Any], str) | None = Field(
+    json_: JsonSchemaSpec | None = Field(
         None, alias="json", examples=[{"type": "object", "properties": {"n": {"type": "integer"}}}])
     regex: str | None = Field(None, examples=["[0-9]+"])
     choice: list[str] | None = Field(None, min_length=1, examples=[["yes", "no"]])
