@@ -57,6 +57,7 @@ class LLMEngine:
         # called in step() right after scheduling, before the forward pass (the server updates its
         # queue gauges there, so they show the step being computed rather than the one before)
         self.on_scheduled = None
+        self.last_step_num_tokens = 0   # tokens the last step computed (vllm:iteration_tokens_total)
         from ember_cupy.info import describe
         logger.info("%s", describe(self))
 
@@ -161,6 +162,7 @@ class LLMEngine:
     # --- one step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
+        self.last_step_num_tokens = batch.num_tokens
         if self.on_scheduled is not None:
             self.on_scheduled()
         if not batch:

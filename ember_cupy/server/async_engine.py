@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from ember_cupy.outputs import DeltaAccumulator, OutputKind, RequestOutput
 from ember_cupy.sampling_params import SamplingParams
+from ember_cupy.server.access_log import RequestUsage, current_usage
 from ember_cupy.server.metrics import EngineMetrics
 
 log = logging.getLogger("ember_cupy.server")
@@ -123,11 +124,13 @@ class RequestStream:
 
 
 class _Tracker:
-    """Per-request timing and token counts for the metrics."""
-    __slots__ = ("arrival", "last_token", "prompt_counted", "generated")
+    """Per-request timing and token counts for the metrics and the HTTP access log."""
+    __slots__ = ("arrival", "params", "usage", "last_token", "prompt_counted", "generated")
 
-    def __init__(self, arrival: float):
+    def __init__(self, arrival: float, params: SamplingParams, usage: RequestUsage | None):
         self.arrival = arrival
+        self.params = params
+        self.usage = usage          # the HTTP request's token counts (access_log), if any
         self.last_token: dict[int, float] = {}
         self.prompt_counted = False
         self.generated = 0
@@ -145,6 +148,7 @@ class _Add:
     arrival: float
     stream: RequestStream
     admitted: asyncio.Future              # the add's result for the caller of add_request
+    usage: RequestUsage | None = None     # the calling HTTP request's counts (access log)
 
 
 @dataclass
@@ -297,7 +301,7 @@ class AsyncEngine:
         stream = RequestStream(request_id, self)
         admitted = asyncio.get_running_loop().create_future()
         self._ops.append(_Add(request_id, prompt, token_ids, params, priority, cache_salt, arrival, stream,
-                              admitted))
+                              admitted, current_usage()))
         self._wake.set()
         try:
             await admitted
@@ -337,6 +341,8 @@ class AsyncEngine:
                     continue
                 outputs = await loop.run_in_executor(self._executor, engine.step)
                 self._refresh_metrics()   # the state the step left (finished requests are gone)
+                if self.metrics:
+                    self.metrics.step_computed(getattr(engine, "last_step_num_tokens", 0))
                 self._dispatch(outputs)
         except Exception as exc:  # a failing step: fail everything, report it on /health
             self._die(exc, "the engine loop failed")
@@ -368,7 +374,7 @@ class AsyncEngine:
             add.admitted.set_exception(exc)
             return
         self._streams[add.request_id] = add.stream
-        self._trackers[add.request_id] = _Tracker(add.arrival)
+        self._trackers[add.request_id] = _Tracker(add.arrival, add.params, add.usage)
         add.admitted.set_result(None)
 
     def _apply_abort(self, request_id: str) -> None:
@@ -386,8 +392,13 @@ class AsyncEngine:
         now = time.monotonic()
         for output in outputs:
             tracker = self._trackers.get(output.request_id)
-            if self.metrics and tracker:
-                self._observe(output, tracker, now)
+            if tracker:
+                first = not tracker.prompt_counted
+                tracker.prompt_counted = True
+                if tracker.usage is not None:
+                    _count_usage(output, tracker.usage, first)
+                if self.metrics:
+                    self._observe(output, tracker, now, first)
             stream = self._streams.get(output.request_id)
             if output.finished:
                 self._streams.pop(output.request_id, None)
@@ -405,10 +416,9 @@ class AsyncEngine:
         stream._drop_backlog()
         self._apply_abort(stream.request_id)
 
-    def _observe(self, output: RequestOutput, tracker: _Tracker, now: float) -> None:
+    def _observe(self, output: RequestOutput, tracker: _Tracker, now: float, first: bool) -> None:
         m = self.metrics
-        if not tracker.prompt_counted:
-            tracker.prompt_counted = True
+        if first:
             m.prompt_tokens.inc(len(output.prompt_token_ids))
         for completion in output.outputs:
             new = len(completion.delta_token_ids)
@@ -428,12 +438,9 @@ class AsyncEngine:
             tracker.last_token[completion.index] = now
         if output.finished:
             m.e2e_request_latency.observe(now - tracker.arrival)
-            stats = output.metrics
-            if stats is not None:
-                if stats.queue_time is not None:
-                    m.request_queue_time.observe(max(0.0, stats.queue_time))
-                if stats.num_preemptions:
-                    m.num_preemptions.inc(stats.num_preemptions)
+            if output.metrics is not None:
+                m.request_timings(output.metrics)
+            m.request_params(tracker.params)
             m.request_prompt_tokens.observe(len(output.prompt_token_ids))
             m.request_generation_tokens.observe(tracker.generated)
             m.request_finished(output.outputs[0].finish_reason if output.outputs else None)
@@ -464,3 +471,10 @@ class AsyncEngine:
             op = self._ops.popleft()
             if isinstance(op, _Add) and not op.admitted.done():
                 op.admitted.set_exception(error)
+
+
+def _count_usage(output: RequestOutput, usage: RequestUsage, first: bool) -> None:
+    """Add an output's tokens to its HTTP request's counts (the prompt once, on its first output)."""
+    if first:
+        usage.prompt_tokens += len(output.prompt_token_ids)
+    usage.completion_tokens += sum(len(c.delta_token_ids) for c in output.outputs)
