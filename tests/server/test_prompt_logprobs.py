@@ -45,7 +45,8 @@ def test_lm_eval_loglikelihood_payload(base_url):
         assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(prompt) + 1
         assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
         assert all(v <= 0 and math.isfinite(v) for v in lp["token_logprobs"][1:])
-        assert all(token in top and 1 <= len(top) <= 2 for token, top in zip(lp["tokens"][1:], lp["top_logprobs"][1:]))
+        for token, top in zip(lp["tokens"][1:], lp["top_logprobs"][1:]):
+            assert token in top and 1 <= len(top) <= 2
         prompt_text = json.loads(http(base_url, "POST", "/detokenize", {"tokens": prompt})[2])["prompt"]
         assert choice["text"].startswith(prompt_text) and len(choice["text"]) > len(prompt_text)
         assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, ConfigDict, Field, PlainValidator, StringConstraints, ValidationInfo, \
-    field_validator
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+)
 
 from ember_cupy.sampling_params import (
     MAX_LOGPROBS,
