@@ -13,10 +13,13 @@ server it spawned) no ERROR or traceback in the server's log.
     python tools/fuzz_http.py --url http://127.0.0.1:8000 --cases 2000            # a running one
 
 Most cases go to the generation operations (POST .../completions: --generation-share), split
-into schema-valid and schema-violating ones (--negative-share). Each case is made cheap before it is
-sent: max_tokens / max_completion_tokens at most 4 (set when absent: a chat request would
-otherwise generate up to the context length), n and best_of at most 2, at most 4 prompts; a
-fraction gets the served model's name (the rest keep a random one: 404) and stream=true.
+into schema-valid and schema-violating ones (--negative-share). Each case is made cheap before it
+is sent: max_tokens / max_completion_tokens at most 4 (set when absent or null: a chat request
+would otherwise generate up to the context length), n and best_of at most 2, at most 4 prompts.
+A fraction gets the served model's name (the rest keep a random one: 404) and stream=true, and
+half of the schema-valid ones an admissible prompt or conversation (--reach-share): most drawn
+prompts are refused (empty, a 'tool' message without content), and their sampling fields would
+never reach the engine.
 """
 from __future__ import annotations
 
@@ -74,15 +77,15 @@ def is_generation(operation) -> bool:
     return operation.method.upper() == "POST" and operation.path.rstrip("/").endswith("completions")
 
 
-def operations_of(spec: dict):
-    """(schemathesis schema, its operations); an operation it cannot read is an error."""
+def operations_of(spec: dict) -> list:
+    """The spec's operations as schemathesis reads them; one it cannot read is an error."""
     schema = schemathesis.openapi.from_dict(spec)
     operations = []
     for result in schema.get_all_operations():
         if not isinstance(result, Ok):
             raise RuntimeError(f"/openapi.json has an unreadable operation: {result.err()}")
         operations.append(result.ok())
-    return schema, operations
+    return operations
 
 
 def draw(operation, mode: GenerationMode, count: int, seed: int) -> list:
@@ -118,30 +121,39 @@ def split(total: int, weights: list[float]) -> list[int]:
     return counts
 
 
-def draw_all(operations, total: int, generation_share: float, negative_share: float, seed: int) -> list:
-    """`total` cases: the other operations' share first, then whatever they could not use goes to
-    the generation operations."""
+def operation_weights(operations, generation_share: float) -> dict:
+    """Each generation operation's share of the cases, and each other operation's."""
     generation = [op for op in operations if is_generation(op)]
     others = [op for op in operations if not is_generation(op)]
-    if not generation:
-        generation_share = 0.0
-    if not others:
-        generation_share = 1.0
-    cases = []
+    share = 0.0 if not generation else 1.0 if not others else generation_share
+    return {op: share / len(generation) if is_generation(op) else (1 - share) / len(others)
+            for op in operations}
 
-    def draw_split(ops, budget):
-        for op, count in zip(ops, split(budget, [1.0] * len(ops))):
+
+def case_batches(operations, total: int, generation_share: float, negative_share: float, seed: int,
+                 batch_size: int = 200):
+    """`total` cases in shuffled batches, drawn one batch at a time (the caller sends one while
+    the next is drawn). An operation whose inputs run out (a GET without parameters has one
+    case) is not drawn again: its share goes to the others."""
+    weights = operation_weights(operations, generation_share)
+    exhausted, drawn, rng = set(), 0, random.Random(seed)
+    for batch_index in range(total):
+        live = [op for op in operations if op not in exhausted and weights[op] > 0]
+        size = min(batch_size, total - drawn)
+        if not live or size <= 0:
+            return
+        batch = []
+        for op, count in zip(live, split(size, [weights[op] for op in live])):
             negative, _ = split(count, [negative_share, 1 - negative_share])
-            base = seed * 1000 + 10 * operations.index(op)
-            drawn = draw(op, GenerationMode.NEGATIVE, negative, base)
-            cases.extend(drawn + draw(op, GenerationMode.POSITIVE, count - len(drawn), base + 1))
-
-    if others:
-        draw_split(others, round(total * (1 - generation_share)))
-    if generation:
-        draw_split(generation, total - len(cases))
-    random.Random(seed).shuffle(cases)
-    return cases
+            base = (seed * 1_000_003 + batch_index * 1009 + operations.index(op)) * 2
+            cases = draw(op, GenerationMode.NEGATIVE, negative, base)
+            cases += draw(op, GenerationMode.POSITIVE, count - len(cases), base + 1)
+            if len(cases) < count:
+                exhausted.add(op)
+            batch += cases
+        rng.shuffle(batch)
+        drawn += len(batch)
+        yield batch
 
 
 # ---------------------------------------------------------------- making a case cheap
@@ -176,6 +188,8 @@ def reach_engine(body: dict, rng: random.Random) -> None:
 
 def make_cheap(case, rng: random.Random, model: str, args) -> None:
     """Bound the work a generation case asks for, in place (see the module docstring)."""
+    if isinstance((case.path_parameters or {}).get("model"), str) and rng.random() < args.model_share:
+        case.path_parameters["model"] = model
     body = case.body
     if not isinstance(body, dict):
         return
@@ -189,7 +203,7 @@ def make_cheap(case, rng: random.Random, model: str, args) -> None:
     for key, cap in CAPS.items():
         if key in body:
             body[key] = _capped(body[key], cap, rng)
-    if "max_tokens" not in body and "max_completion_tokens" not in body:
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:   # null: the default
         body["max_tokens"] = rng.randint(1, CAPS["max_tokens"])
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and not all(isinstance(p, int) for p in prompt):
@@ -206,6 +220,7 @@ class Outcome:
     mode: str
     generation: bool
     status: int | None = None
+    error: str | None = None           # the message of a 4xx
     streamed: bool = False
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
@@ -312,6 +327,13 @@ def curl_of(kwargs: dict) -> str:
     return " ".join(parts)
 
 
+def _error_message(response: requests.Response) -> str | None:
+    try:
+        return str(response.json()["error"]["message"])[:100]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def run_case(case, session: requests.Session, base_url: str, timeout: float, spec: dict,
              chunks: ChunkSchemas, headers: dict) -> Outcome:
     mode = case.meta.generation.mode.value if case.meta is not None else "?"
@@ -332,6 +354,8 @@ def run_case(case, session: requests.Session, base_url: str, timeout: float, spe
     outcome.status = response.status_code
     outcome.streamed = _is_event_stream(response)
     outcome.failures = check(case, response, spec, chunks)
+    if 400 <= response.status_code < 500:
+        outcome.error = _error_message(response)
     if outcome.failures:
         outcome.response = {"status": response.status_code,
                             "content_type": response.headers.get("Content-Type"),
@@ -348,21 +372,22 @@ def summarize(outcomes: list[Outcome], cases_asked: int, seconds: float, final_f
     generated = [o for o in outcomes if o.generation and o.status == 200]
     failed = [o for o in outcomes if o.failures]
     kinds = Counter(f.split(":")[0] for o in failed for f in o.failures)
+    rejections = Counter(f"{o.operation} {o.mode}: {o.error}" for o in outcomes if o.generation and o.error)
     return {
         "cases_asked": cases_asked, "cases": len(outcomes), "seconds": round(seconds, 1),
         "generation_cases": sum(o.generation for o in outcomes),
         "generated_200": len(generated), "streamed_200": sum(o.streamed for o in generated),
         "statuses_by_operation": {op: dict(sorted(c.items())) for op, c in sorted(per_operation.items())},
+        "top_generation_rejections": dict(rejections.most_common(20)),
         "failed_cases": len(failed), "failure_kinds": dict(kinds.most_common()),
         "after_run_failures": final_failures,
         "failures": [asdict(o) for o in failed],
     }
 
 
-def fuzz(base_url: str, cases: list, spec: dict, model: str, args) -> list[Outcome]:
+def fuzz(base_url: str, batches, spec: dict, model: str, args) -> list[Outcome]:
+    """Send every case of every batch, `args.workers` at a time; batches are drawn meanwhile."""
     rng = random.Random(args.seed)
-    for case in cases:
-        make_cheap(case, rng, model, args)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     local = threading.local()
     chunks = ChunkSchemas(spec)
@@ -372,14 +397,17 @@ def fuzz(base_url: str, cases: list, spec: dict, model: str, args) -> list[Outco
             local.session = requests.Session()
         return run_case(case, local.session, base_url, args.timeout, spec, chunks, headers)
 
-    outcomes = []
+    futures = []
     with ThreadPoolExecutor(args.workers) as pool:
-        for index, outcome in enumerate(pool.map(one, cases), 1):
-            outcomes.append(outcome)
-            if args.progress and index % args.progress == 0:
-                print(f"  {index}/{len(cases)} cases, {sum(bool(o.failures) for o in outcomes)} failed",
-                      file=sys.stderr, flush=True)
-    return outcomes
+        for batch in batches:
+            for case in batch:
+                make_cheap(case, rng, model, args)
+                futures.append(pool.submit(one, case))
+            if args.progress:
+                done = [f.result() for f in futures if f.done()]
+                print(f"  {len(futures)} cases drawn, {len(done)} sent, "
+                      f"{sum(bool(o.failures) for o in done)} failed", file=sys.stderr, flush=True)
+        return [f.result() for f in futures]
 
 
 def after_run_failures(server, timeout: float) -> list[str]:
@@ -416,12 +444,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="seconds the engine may take to become idle after the last case")
     p.add_argument("--api-key", help="sent as 'Authorization: Bearer <key>'")
     p.add_argument("--report", help="write the summary and every failing case (request and response) as JSON")
-    p.add_argument("--progress", type=int, default=0, help="print progress every N cases")
+    p.add_argument("--progress", action="store_true", help="print progress after each batch of cases drawn")
     return p.parse_args(argv)
 
 
 def print_summary(summary: dict) -> None:
-    print(f"{summary['cases']} cases in {summary['seconds']} s: {summary['generation_cases']} to the "
+    print(f"{summary['cases']} cases in {summary['seconds']} s (drawn and sent): {summary['generation_cases']} to the "
           f"generation endpoints, {summary['generated_200']} generated text ({summary['streamed_200']} streamed)")
     for op, statuses in summary["statuses_by_operation"].items():
         print(f"  {op:32s} {statuses}")
@@ -436,10 +464,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     with served(args.url, shlex.split(args.server_args), args.server_log) as server:
         spec = requests.get(server.url + "/openapi.json", timeout=30).json()
-        _, operations = operations_of(spec)
-        cases = draw_all(operations, args.cases, args.generation_share, args.negative_share, args.seed)
+        operations = operations_of(spec)
+        batches = case_batches(operations, args.cases, args.generation_share, args.negative_share, args.seed)
         start = time.monotonic()
-        outcomes = fuzz(server.url, cases, spec, served_model(server.url), args)
+        outcomes = fuzz(server.url, batches, spec, served_model(server.url), args)
         seconds = time.monotonic() - start
         final = after_run_failures(server, args.idle_timeout)
     summary = summarize(outcomes, args.cases, seconds, final)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 _LISTENING = re.compile(r"listening on (http://\S+)")
-_SAMPLE = re.compile(r"^([\w:]+)(?:\{[^}]*\})?\s+(\S+)$")
+_SAMPLE = re.compile(r"^([\w:]+)(\{[^}]*\})?\s+(\S+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 @dataclass
@@ -112,16 +113,26 @@ def served_model(url: str) -> str:
     return json.loads(body)["data"][0]["id"]
 
 
-def read_metrics(url: str) -> dict[str, float]:
-    """Every sample of /metrics by name, summed over its label sets."""
+def read_samples(url: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of /metrics: (name, labels, value)."""
     status, body = _get(url + "/metrics")
     if status != 200:
         raise RuntimeError(f"GET /metrics: {status}")
-    values: dict[str, float] = {}
+    samples = []
     for line in body.decode().splitlines():
         match = _SAMPLE.match(line)
         if match:
-            values[match.group(1)] = values.get(match.group(1), 0.0) + float(match.group(2))
+            labels = dict(_LABEL.findall(match.group(2) or ""))
+            samples.append((match.group(1), labels, float(match.group(3))))
+    return samples
+
+
+def read_metrics(url: str, **labels: str) -> dict[str, float]:
+    """Each metric's value summed over its samples that carry `labels`."""
+    values: dict[str, float] = {}
+    for name, got, value in read_samples(url):
+        if all(got.get(k) == v for k, v in labels.items()):
+            values[name] = values.get(name, 0.0) + value
     return values
 
 

@@ -1,10 +1,11 @@
 """Soak test for the HTTP server: rounds of N concurrent streams (completions and chats), a
 fraction of them dropped by the client at a random moment (before the response, or after a
-random number of chunks). After each round the engine must be idle with every KV block free
-(GET /metrics: running and waiting 0, free KV blocks = total), every stream that was not dropped
-must have ended properly (200, well-formed chunks, a finish reason, one `data: [DONE]`), and the
-finished-requests counter must have grown by at least the streams that ended. Prints a summary
-per round; exits 1 on any failure.
+random number of chunks) while it has far to go. After each round the engine must be idle with
+every KV block free (GET /metrics: running and waiting 0, free KV blocks = total), every stream
+that was not dropped must have ended properly (200, well-formed chunks, a finish reason, one
+`data: [DONE]`), the finished-requests counter must have grown by at least the streams that
+ended, and its "abort" count by at least the streams dropped after their response began. Prints
+a summary per round; exits 1 on any failure.
 
     python tools/soak.py                                    # 200 streams, 30% dropped, 3 rounds
     python tools/soak.py --url http://127.0.0.1:8000 --streams 64 --rounds 5
@@ -50,7 +51,10 @@ class Plan:
         return self.drop_after_chunks is not None or self.drop_after_seconds is not None
 
 
-def make_plans(count: int, drop_fraction: float, max_tokens: int, model: str, rng: random.Random) -> list[Plan]:
+def make_plans(count: int, drop_fraction: float, max_tokens: int, dropped_max_tokens: int, model: str,
+               rng: random.Random) -> list[Plan]:
+    """`count` streams; the dropped ones ask for `dropped_max_tokens` with ignore_eos, so that
+    they are still running when the client leaves, whose abort must then end them."""
     plans = []
     for index in range(count):
         topic = rng.choice(TOPICS)
@@ -70,6 +74,7 @@ def make_plans(count: int, drop_fraction: float, max_tokens: int, model: str, rn
             plan.drop_after_seconds = rng.uniform(0.0, 0.5)
         else:
             plan.drop_after_chunks = rng.randint(0, max(0, plan.body["max_tokens"] - 1))
+        plan.body.update(max_tokens=max(dropped_max_tokens, plan.body["max_tokens"]), ignore_eos=True)
     return plans
 
 
@@ -169,8 +174,9 @@ async def run_round(url: str, plans: list[Plan], timeout: float) -> list[StreamR
 
 
 def soak_round(index: int, url: str, model: str, args, rng: random.Random) -> RoundReport:
-    plans = make_plans(args.streams, args.drop_fraction, args.max_tokens, model, rng)
+    plans = make_plans(args.streams, args.drop_fraction, args.max_tokens, args.dropped_max_tokens, model, rng)
     finished_before = read_metrics(url).get(FINISHED_METRIC, 0.0)
+    aborted_before = read_metrics(url, finished_reason="abort").get(FINISHED_METRIC, 0.0)
     start = time.monotonic()
     results = asyncio.run(run_round(url, plans, args.timeout))
     seconds = time.monotonic() - start
@@ -184,6 +190,10 @@ def soak_round(index: int, url: str, model: str, args, rng: random.Random) -> Ro
     if finished < ended:
         failures.append(f"{FINISHED_METRIC} grew by {finished:g}, but {ended} streams ended")
     dropped = Counter(r.dropped_at.split(" ")[0] for r in results if r.dropped_at)
+    aborted = read_metrics(url, finished_reason="abort").get(FINISHED_METRIC, 0.0) - aborted_before
+    if aborted < dropped["after"]:   # admitted (they got a 200) and far from their max_tokens
+        failures.append(f"{dropped['after']} streams dropped after their response began, "
+                        f"but {aborted:g} requests finished as aborted")
     return RoundReport(index, seconds, len(results), ended, dropped, str(gauges), failures)
 
 
@@ -205,6 +215,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--drop-fraction", type=float, default=0.3, help="fraction of streams the client drops")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=32, help="max_tokens of a stream: between half this and this")
+    p.add_argument("--dropped-max-tokens", type=int, default=200,
+                   help="max_tokens (with ignore_eos) of the streams the client drops")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds a stream may take")
     p.add_argument("--idle-timeout", type=float, default=30.0,
