@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,8 +9,9 @@ TOOL, TRACE = ROOT / "tools" / "replay_trace.py", ROOT / "tools" / "traces" / "e
 
 
 def _replay(*flags):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, str(TOOL), str(TRACE), "--json", *flags],
-                         check=True, capture_output=True, text=True, cwd=ROOT)
+                         check=True, capture_output=True, text=True, cwd=ROOT, env=env)
     return json.loads(out.stdout)
 
 
