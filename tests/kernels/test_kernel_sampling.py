@@ -43,3 +43,35 @@ def test_narrow_mask_disallows_the_rest():
     assert np.isfinite(want[0, :64]).all() and np.isinf(want[0, 64:]).all()
     on_kernel(B.apply_token_bitmask, logits, mask, np.array([0], np.int32))
     np.testing.assert_array_equal(logits, want)
+
+
+def test_sampler_masks_through_the_kernel(checkpoint):
+    """The sampler's grammar mask dispatched to the kernel (CPU shim) picks the same tokens as
+    the NumPy twin, and only tokens the grammar allows."""
+    from ember_cupy.engine.sampler import Sampler
+    from ember_cupy.engine.sequence import Sequence
+    from ember_cupy.sampling_params import SamplingParams
+    from ember_cupy.structured import StructuredOutputsParams
+    from ember_cupy.structured.compiler import GrammarCompiler
+
+    vocab = checkpoint.config.vocab_size
+    compiler = GrammarCompiler(checkpoint.tokenizer, vocab)
+    constraint = StructuredOutputsParams(regex="[0-9]{4}")
+    prompt = checkpoint.tokenizer.encode("Number:")
+    logits = np.random.default_rng(0).standard_normal((3, vocab), dtype=np.float32) * 4
+
+    def run(kernel: bool):
+        seqs = [Sequence(str(i), prompt, SamplingParams(temperature=t, seed=i), 8,
+                         constraint=compiler.new_constraint(constraint) if i != 1 else None)
+                for i, t in enumerate((0.0, 1.0, 1.0))]
+        sampler = Sampler(checkpoint.config.eos_token_ids)
+        if kernel:
+            return on_kernel(sampler, logits.copy(), seqs).token_ids
+        return sampler(logits.copy(), seqs).token_ids
+
+    want = run(kernel=False)
+    assert run(kernel=True) == want
+    assert want[1] == Sampler(checkpoint.config.eos_token_ids)(   # the unconstrained row: as alone
+        logits[1:2].copy(), [Sequence("1", prompt, SamplingParams(temperature=1.0, seed=1), 8)]).token_ids[0]
+    for token in (want[0], want[2]):
+        assert checkpoint.tokenizer.decode([token]).isdigit()
