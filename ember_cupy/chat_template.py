@@ -41,12 +41,17 @@ def normalize_messages(messages) -> list[dict]:
     return normalized
 
 
+def _tojson(value, indent=None, separators=None, sort_keys=False, ensure_ascii=False):
+    """transformers' tojson: json.dumps with the template's own formatting arguments."""
+    return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys,
+                      ensure_ascii=ensure_ascii)
+
+
 class ChatTemplate:
     def __init__(self, source: str, bos_token: str = "", eos_token: str = ""):
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent,
-                                                                      ensure_ascii=False)
+        env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
         self._template = env.from_string(source)
