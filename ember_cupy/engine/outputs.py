@@ -86,7 +86,9 @@ class DeltaAccumulator:
             pieces.texts.append(c.text)
             pieces.token_ids += c.token_ids
             if c.logprobs is not None:
-                pieces.logprobs = (pieces.logprobs or []) + c.logprobs
+                if pieces.logprobs is None:
+                    pieces.logprobs = []
+                pieces.logprobs += c.logprobs
             pieces.last = c
             self.num_chars += len(c.text)
             self.num_token_ids += len(c.token_ids)

@@ -311,7 +311,8 @@ class AsyncEngine:
         return stream
 
     async def generate(self, prompt, params: SamplingParams | None = None, **kwargs) -> AsyncIterator[RequestOutput]:
-        """`async for output in engine.generate(prompt, params)`; aborts if the caller stops early."""
+        """`async for output in engine.generate(prompt, params)`: delta outputs (each carries only
+        what is new); aborts if the caller stops early."""
         stream = await self.add_request(prompt, params, **kwargs)
         try:
             async for output in stream:
