@@ -189,11 +189,8 @@ def prepare_messages(messages: list[dict], spec: ToolSpec, template_supports_too
         return out
     prompt = system_prompt(spec)
     if out and out[0].get("role") == "system":
-        first = out[0]
-        content = first.get("content") or ""
-        if not isinstance(content, str):
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        return [{**first, "content": f"{content}\n\n{prompt}" if content else prompt}] + out[1:]
+        content = _as_text(out[0].get("content"))
+        return [{**out[0], "content": f"{content}\n\n{prompt}" if content else prompt}] + out[1:]
     return [{"role": "system", "content": prompt}] + out
 
 
@@ -213,12 +210,17 @@ def _generic_message(message: dict) -> dict:
             except json.JSONDecodeError:
                 pass   # shown as the string it is
         calls.append({"name": function["name"], "arguments": arguments})
-    text = message.get("content") or ""
-    if not isinstance(text, str):
-        text = "".join(p.get("text", "") for p in text if isinstance(p, dict))
+    text = _as_text(message.get("content"))
     rendered = json.dumps(calls, ensure_ascii=False)
     rest = {k: v for k, v in message.items() if k != "tool_calls"}
     return {**rest, "content": f"{text}\n{rendered}" if text else rendered}
+
+
+def _as_text(content) -> str:
+    """Message content as text: OpenAI allows a string or a list of {"type": "text"} parts."""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
 
 
 # --- the output side -----------------------------------------------------------------------------

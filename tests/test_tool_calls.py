@@ -159,3 +159,12 @@ def test_stream_sends_text_at_once_and_calls_whole_at_the_end():
     assert call.feed('[{"name": "get_time", ', False) == ("", [])
     content, calls = call.feed('"arguments": {"zone": "UTC"}}]', True)
     assert content == "" and calls[0].name == "get_time" and json.loads(calls[0].arguments) == {"zone": "UTC"}
+
+
+def test_tool_description_joins_an_existing_system_message():
+    spec = T.parse_tools(TOOLS, "required")
+    system = {"role": "system", "content": [{"type": "text", "text": "Be brief."}]}
+    messages = T.prepare_messages([system] + user("Hi"), spec, template_supports_tools=False)
+    assert len(messages) == 2 and messages[0]["content"].startswith("Be brief.\n\nYou can call these functions")
+    assert "reply with only a JSON array of calls" in messages[0]["content"]
+    assert T.prepare_messages([system] + user("Hi"), spec, template_supports_tools=True)[0] is system
