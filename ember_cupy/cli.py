@@ -1,5 +1,7 @@
-"""`ember-cupy serve | generate | chat`. Every flag can also be set by an EMBER_* environment
-variable named after it (--max-num-seqs -> EMBER_MAX_NUM_SEQS); a flag on the command line wins."""
+"""`ember-cupy serve | generate | chat | info`. Every flag can also be set by an EMBER_* environment
+variable named after it (--max-num-seqs -> EMBER_MAX_NUM_SEQS); a flag on the command line wins.
+vLLM's flag names are accepted where the meaning matches (--scheduling-policy, --kv-cache-memory-bytes,
+--num-gpu-blocks-override, --gpu-memory-utilization)."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +13,7 @@ import sys
 import time
 
 from ember_cupy.config import DTYPES, KV_CACHE_DTYPES, POLICIES, QUANTIZATIONS, EngineConfig
+from ember_cupy.version import __version__
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
@@ -37,8 +40,8 @@ def _env_name(flag: str) -> str:
     return "EMBER_" + flag.lstrip("-").replace("-", "_").upper()
 
 
-def _add(parser: argparse.ArgumentParser, flag: str, **kwargs) -> None:
-    """add_argument whose default comes from EMBER_<FLAG> when that is set."""
+def _add(parser: argparse.ArgumentParser, flag: str, *aliases: str, **kwargs) -> None:
+    """add_argument(flag, *aliases) whose default comes from EMBER_<FLAG> when that is set."""
     env = _env_name(flag)
     kwargs["help"] = f"{kwargs.get('help', '')} [env {env}]".strip()
     if env in os.environ:
@@ -52,7 +55,7 @@ def _add(parser: argparse.ArgumentParser, flag: str, **kwargs) -> None:
                 kwargs["default"] = kwargs.get("type", str)(raw)
         except (ValueError, argparse.ArgumentTypeError) as exc:
             raise SystemExit(f"ember-cupy: error: {env}={raw!r}: {exc}") from None
-    parser.add_argument(flag, **kwargs)
+    parser.add_argument(flag, *aliases, **kwargs)
 
 
 def _engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -62,12 +65,16 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     _add(g, "--max-num-batched-tokens", type=int, default=1024, help="tokens per step")
     _add(g, "--max-model-len", type=int, default=None, help="context length (default: the model's, capped by the KV pool)")
     _add(g, "--block-size", type=int, default=16, help="tokens per KV-cache block")
-    _add(g, "--kv-cache-memory", type=parse_size, default=1 << 30,
-         help="bytes for the KV cache, e.g. 512MiB; refused below 256 tokens' worth (or --max-model-len's)")
-    _add(g, "--num-kv-blocks", type=int, default=None, help="KV blocks (overrides --kv-cache-memory)")
+    _add(g, "--kv-cache-memory", "--kv-cache-memory-bytes", type=parse_size, default=1 << 30,
+         help="bytes for the KV cache on the CPU, e.g. 512MiB; refused below 256 tokens' worth "
+              "(or --max-model-len's)")
+    _add(g, "--num-kv-blocks", "--num-gpu-blocks-override", type=int, default=None,
+         help="KV blocks (overrides --kv-cache-memory and --gpu-memory-utilization)")
+    _add(g, "--gpu-memory-utilization", type=float, default=0.9,
+         help="CuPy: fraction of the free device memory for the weights and the KV cache")
     _add(g, "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
          help="reuse the KV of shared prompt prefixes")
-    _add(g, "--policy", choices=POLICIES, default="fcfs", help="waiting-queue order")
+    _add(g, "--policy", "--scheduling-policy", choices=POLICIES, default="fcfs", help="waiting-queue order")
     _add(g, "--max-waiting", type=int, default=None,
          help="bound on requests waiting for a free sequence slot (beyond --max-num-seqs); past it: 503 + Retry-After")
     _add(g, "--dtype", choices=DTYPES, default="auto",
@@ -85,11 +92,35 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     _add(g, "--no-progress", action="store_true", default=False, help="no progress bar while loading")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ember-cupy", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+_EPILOG = """\
+Every flag can also be set by an EMBER_* environment variable named after it
+(--max-num-seqs -> EMBER_MAX_NUM_SEQS); a flag on the command line wins. vLLM's names are
+aliases where the meaning matches: --scheduling-policy (--policy), --kv-cache-memory-bytes
+(--kv-cache-memory), --num-gpu-blocks-override (--num-kv-blocks), --gpu-memory-utilization.
+Backend: EMBER_BACKEND=numpy|cupy (default: cupy when a GPU is usable).
 
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+examples:
+  ember-cupy serve                          the default model on http://127.0.0.1:8000
+  ember-cupy serve path/model.gguf --port 9000 --api-key sekret
+  ember-cupy generate "The capital of France is" --max-tokens 16
+  ember-cupy chat --system "You are terse."
+  ember-cupy serve --help                   the flags of one command
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ember-cupy", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     description="ember-cupy: a small LLM inference engine (NumPy/C on the "
+                                                 "CPU, CuPy on a GPU) with an OpenAI-compatible server.",
+                                     epilog=_EPILOG)
+    parser.add_argument("--version", action="version", version=f"ember-cupy {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (MODEL or --model: default SmolLM2)",
+                           description="OpenAI-compatible HTTP server: `ember-cupy serve [MODEL] [flags]`, "
+                                       "as `vllm serve MODEL`.")
+    serve.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                       help="a .gguf file or a Hugging Face directory (the same as --model; wins over it)")
     _engine_flags(serve)
     g = serve.add_argument_group("server")
     _add(g, "--host", default="127.0.0.1", help="address to bind (default: loopback only)")
@@ -109,9 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
          help="seconds a streaming client may leave output unread (not reading its connection) "
               "before its request is aborted and its KV cache freed (default: 60)")
     _add(g, "--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    from ember_cupy.ray_serve.cli import add_data_parallel_flags   # no ray import: flags only
+    add_data_parallel_flags(serve, _add)
 
     sub.add_parser("info", help="backend, host-kernel path and CPU features, as JSON")
+    return _sampling_commands(sub, parser)
 
+
+def _sampling_commands(sub, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`generate` and `chat`: the engine flags and the sampling ones."""
     for name, text in (("generate", "one-shot generation, streamed to the terminal"),
                        ("chat", "interactive chat with the model's chat template")):
         p = sub.add_parser(name, help=text)
@@ -137,7 +174,8 @@ def engine_config(args) -> EngineConfig:
                         enable_prefix_caching=args.enable_prefix_caching, policy=args.policy,
                         max_waiting=args.max_waiting, dtype=args.dtype,
                         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-                        activation_passes=args.activation_passes)
+                        activation_passes=args.activation_passes,
+                        gpu_memory_utilization=args.gpu_memory_utilization)
 
 
 class ProgressBar:
@@ -187,17 +225,34 @@ def served_names(args) -> list[str]:
     return ["SmolLM2-135M-Instruct"]
 
 
+def check_serve_args(args) -> None:
+    """Everything that would fail only after the server is up fails here, as one line: the
+    model's path, the port, the dtype, the engine flags, an address already in use."""
+    from ember_cupy.model.loader import resolve_model_path
+    from ember_cupy.server.launcher import check_can_listen
+    if args.model_tag is not None:
+        args.model = args.model_tag
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    resolve_model_path(args.model)
+    engine_config(args)
+    check_dtype(args)
+    check_can_listen(args.host, args.port)
+
+
 def cmd_serve(args) -> int:
     from ember_cupy.server import AsyncEngine, EngineMetrics, ServerSettings, serve
+    check_serve_args(args)   # before logging is set up and before the socket opens
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine_config(args)   # bad flags fail here, before the socket opens
-    check_dtype(args)
     names = served_names(args)
     settings = ServerSettings(host=args.host, port=args.port, served_model_names=names,
                               api_key=args.api_key or None, allowed_origins=list(args.allowed_origins or []),
                               max_body_bytes=args.max_request_body_bytes, drain_timeout=args.drain_timeout,
                               read_timeout=args.read_timeout,
                               model_path=args.model)
+    from ember_cupy.ray_serve import cli as ray_cli
+    if ray_cli.uses_ray(args):   # --data-parallel-backend ray: replicas on Ray Serve
+        return ray_cli.run(args, engine_config(args), settings)
     engine = AsyncEngine(factory=lambda: _load_engine(args), metrics=EngineMetrics(names[0]),
                          max_waiting=args.max_waiting, stream_stall_timeout=args.stream_stall_timeout)
     return asyncio.run(serve(engine, settings))
@@ -238,10 +293,45 @@ def cmd_generate(args) -> int:
     return 0
 
 
+CHAT_HISTORY = os.path.join("~", ".cache", "ember_cupy", "chat_history")
+
+
+def _line_editing(path: str):
+    """readline for input(): arrow keys, editing, history (kept in `path` between sessions).
+    Returns the function that saves the history, or None where readline is missing."""
+    try:
+        import readline
+    except ImportError:   # Windows without pyreadline: plain input()
+        return None
+    path = os.path.expanduser(path)
+    try:
+        readline.read_history_file(path)
+    except OSError:
+        pass
+    readline.set_history_length(1000)
+
+    def save() -> None:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            readline.write_history_file(path)
+        except OSError:
+            pass
+    return save
+
+
 def cmd_chat(args) -> int:
     params = _sampling(args)
     engine = _load_engine(args)
-    system = [{"role": "system", "content": args.system}] if args.system else []
+    save_history = _line_editing(CHAT_HISTORY)
+    try:
+        return _chat_loop(engine, args.system, params)
+    finally:
+        if save_history:
+            save_history()
+
+
+def _chat_loop(engine, system_prompt: str | None, params) -> int:
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages = list(system)
     print("chat with the model; /reset clears the conversation, Ctrl-D quits", file=sys.stderr)
     turn = 0
@@ -255,6 +345,7 @@ def cmd_chat(args) -> int:
             continue
         if line.strip() == "/reset":
             messages = list(system)
+            print("[conversation reset" + (": the system message is kept]" if system else "]"), file=sys.stderr)
             continue
         messages.append({"role": "user", "content": line})
         prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)

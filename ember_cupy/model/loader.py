@@ -25,15 +25,22 @@ def default_model_path() -> str:
     return path
 
 
+def resolve_model_path(model: str | None) -> str:
+    """The path `model` names (None = the default model), checked to be a .gguf file or a
+    directory, without reading it: FileNotFoundError or ValueError otherwise."""
+    path = default_model_path() if model is None else os.path.expanduser(model)
+    if os.path.isfile(path) and not path.endswith(".gguf"):
+        raise ValueError(f"unsupported model file {path!r}: expected a .gguf file or an HF directory")
+    if not (os.path.isdir(path) or os.path.isfile(path)):
+        raise FileNotFoundError(f"model not found: {path!r} is neither a .gguf file nor a directory")
+    return path
+
+
 def load_checkpoint(model: str | None = None, progress: ProgressCallback | None = None) -> Checkpoint:
     """Load `model` (a .gguf file, or a directory with config.json); None = the default model."""
-    path = default_model_path() if model is None else os.path.expanduser(model)
+    path = resolve_model_path(model)
     if os.path.isdir(path):
         from ember_cupy.model.hf_loader import load_hf_directory
         return load_hf_directory(path, progress)
-    if os.path.isfile(path):
-        if not path.endswith(".gguf"):
-            raise ValueError(f"unsupported model file {path!r}: expected a .gguf file or an HF directory")
-        from ember_cupy.model.gguf_loader import load_gguf
-        return load_gguf(path, progress)
-    raise FileNotFoundError(f"model not found: {path!r} is neither a .gguf file nor a directory")
+    from ember_cupy.model.gguf_loader import load_gguf
+    return load_gguf(path, progress)

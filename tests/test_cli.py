@@ -1,0 +1,166 @@
+"""Issue 14 item 7: the `ember-cupy` command as a user meets it, driven as a subprocess."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+import ember_cupy
+from ember_cupy.model.loader import default_model_path
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _env(**extra) -> dict:
+    return {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "EMBER_BACKEND": "numpy", "EMBER_NO_PROGRESS": "1", **extra}
+
+
+def _cli(*args: str, stdin: str | None = None, timeout: float = 120, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ember_cupy.cli", *args], input=stdin, capture_output=True,
+                          text=True, timeout=timeout, env=_env(**env))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_version():
+    done = _cli("--version")
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"ember-cupy {ember_cupy.__version__}"
+
+
+def test_top_level_help_names_every_command_the_env_variables_and_the_vllm_aliases():
+    done = _cli("--help")
+    assert done.returncode == 0
+    for word in ("serve", "generate", "chat", "info", "--version", "EMBER_", "--scheduling-policy",
+                 "--kv-cache-memory-bytes", "--num-gpu-blocks-override", "--gpu-memory-utilization"):
+        assert word in done.stdout, word
+    for command in ("serve", "generate", "chat", "info"):
+        assert _cli(command, "--help").returncode == 0, command
+
+
+@pytest.mark.parametrize("case", ["port out of range", "missing model", "not a model file", "busy port"])
+def test_serve_refuses_bad_setups_with_one_line_and_status_2(case, tmp_path):
+    holder = None
+    args = ["--port", str(_free_port())]
+    if case == "port out of range":
+        args = ["--port", "99999"]
+    elif case == "missing model":
+        args += [str(tmp_path / "nothing-here.gguf")]
+    elif case == "not a model file":
+        (tmp_path / "notes.txt").write_text("not a model")
+        args += [str(tmp_path / "notes.txt")]
+    else:
+        holder = socket.socket()
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        args = ["--port", str(holder.getsockname()[1])]
+    try:
+        start = time.monotonic()
+        done = _cli("serve", *args, timeout=60)
+        seconds = time.monotonic() - start
+    finally:
+        if holder is not None:
+            holder.close()
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ember-cupy: error: "), done.stderr
+    assert done.stdout == "" and "listening" not in done.stderr and "Traceback" not in done.stderr
+    expected = {"port out of range": "99999", "missing model": "nothing-here.gguf",
+                "not a model file": "notes.txt", "busy port": "in use"}[case]
+    assert expected in lines[0]
+    assert seconds < 30      # refused before any model loads
+
+
+def _get(port: int, path: str):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+        return response.status, response.read()
+
+
+def test_serve_takes_the_model_positionally_and_vllm_flag_names():
+    port = _free_port()
+    model = default_model_path()
+    proc = subprocess.Popen([sys.executable, "-m", "ember_cupy.cli", "serve", model, "--port", str(port),
+                             "--num-gpu-blocks-override", "40", "--scheduling-policy", "priority",
+                             "--kv-cache-memory-bytes", "24MiB"],
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the server did not become healthy"
+            try:
+                if _get(port, "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        card = json.loads(_get(port, "/v1/models")[1])["data"][0]
+        assert card["id"] == "SmolLM2-135M-Instruct.Q4_1" and card["root"] == model
+        assert json.loads(_get(port, "/version")[1])["kv_cache_blocks"] == 40
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _chat_on_a_terminal(keys: list[bytes], home: str, timeout: float = 120) -> tuple[str, str, int]:
+    """Run `ember-cupy chat` on a pseudo-terminal (readline edits only there), typing each key
+    string once the previous prompt is shown; (terminal output, stderr, exit status)."""
+    import pty
+    import select
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "ember_cupy.cli", "chat", "--max-tokens", "2",
+                             "--temperature", "0", "--system", "Be brief."],
+                            stdin=slave, stdout=slave, stderr=subprocess.PIPE, env=_env(HOME=home))
+    os.close(slave)
+    screen, deadline = b"", time.monotonic() + timeout
+    pending = list(keys)
+    try:
+        while time.monotonic() < deadline:
+            if pending and screen.count(b">>> ") == len(keys) - len(pending) + 1:
+                os.write(master, pending.pop(0))
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:     # the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                screen += chunk
+            elif proc.poll() is not None:
+                break
+        status = proc.wait(30)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    return screen.decode(errors="replace"), proc.stderr.read().decode(), status
+
+
+def test_chat_edits_lines_keeps_history_and_acknowledges_reset(tmp_path):
+    pytest.importorskip("readline")
+    left = b"\x1b[D"
+    # "Hllo", three steps left, "e": readline makes it "Hello"; then /reset; then Ctrl-D
+    screen, stderr, status = _chat_on_a_terminal([b"Hllo" + left * 3 + b"e\r", b"/reset\r", b"\x04"],
+                                                 str(tmp_path))
+    assert status == 0, stderr
+    assert "[conversation reset: the system message is kept]" in stderr
+    history = (tmp_path / ".cache" / "ember_cupy" / "chat_history").read_text().splitlines()
+    assert history[-2:] == ["Hello", "/reset"]
+
+
+def test_chat_reads_a_pipe_too():
+    done = _cli("chat", "--max-tokens", "2", "--temperature", "0", stdin="Hi\n/reset\n")
+    assert done.returncode == 0, done.stderr
+    assert "[conversation reset]" in done.stderr
