@@ -75,3 +75,40 @@ def test_sampler_masks_through_the_kernel(checkpoint):
         logits[1:2].copy(), [Sequence("1", prompt, SamplingParams(temperature=1.0, seed=1), 8)]).token_ids[0]
     for token in (want[0], want[2]):
         assert checkpoint.tokenizer.decode([token]).isdigit()
+
+
+def test_sampler_device_branch_with_standin_cupy(checkpoint):
+    """The sampler's CuPy branch (logits not an np.ndarray: mask on the device, raw logprobs
+    copied before it, the on-device greedy path) on the stand-in cupy, NVRTC-compiled kernel run
+    through the shim: the same tokens and logprobs as the host branch."""
+    from ember_cupy.engine.sampler import Sampler
+    from ember_cupy.engine.sequence import Sequence
+    from ember_cupy.sampling_params import SamplingParams
+    from ember_cupy.structured import StructuredOutputsParams
+    from ember_cupy.structured.compiler import GrammarCompiler
+
+    from .shim import standin_cupy
+
+    vocab = checkpoint.config.vocab_size
+    compiler = GrammarCompiler(checkpoint.tokenizer, vocab)
+    digits = StructuredOutputsParams(regex="[0-9]{4}")
+    prompt = checkpoint.tokenizer.encode("Number:")
+    logits = np.random.default_rng(1).standard_normal((3, vocab), dtype=np.float32) * 4
+    batches = {"greedy": [dict(temperature=0.0)] * 3,
+               "mixed": [dict(temperature=0.0, logprobs=2), dict(temperature=1.0, seed=2), dict(temperature=1.0, seed=3)]}
+
+    def run(sampling, device: bool):
+        seqs = [Sequence(str(i), prompt, SamplingParams(**s), 8, constraint=compiler.new_constraint(digits) if i != 1 else None)
+                for i, s in enumerate(sampling)]
+        sampler = Sampler(checkpoint.config.eos_token_ids)
+        if not device:
+            return sampler(logits.copy(), seqs)
+        with standin_cupy.installed() as cupy:
+            return sampler(cupy.asarray(logits), seqs)
+
+    for name, sampling in batches.items():
+        host, device = run(sampling, False), run(sampling, True)
+        assert device.token_ids == host.token_ids, name
+        assert checkpoint.tokenizer.decode([host.token_ids[0]]).isdigit()
+        assert [lp and (lp.token_id, lp.top) for lp in device.logprobs] == \
+               [lp and (lp.token_id, lp.top) for lp in host.logprobs]
