@@ -268,28 +268,41 @@ class ChunkSchemas:
         return None
 
 
-def check(case, response: requests.Response, spec: dict, chunks: ChunkSchemas) -> list[str]:
-    """Every problem with one response (see the module docstring)."""
-    problems = []
-    streamed = _is_event_stream(response)
-    checks = SPEC_CHECKS
-    if streamed and "text/event-stream" not in _declared_media_types(spec, case.operation, response.status_code):
-        checks = [not_a_server_error, status_code_conformance]   # the spec says nothing about the stream
-    try:
-        case.validate_response(response, checks=checks)
-    except FailureGroup as group:
-        problems += [f"{f.title}: {f.message}".strip() for f in group.exceptions]
-    if response.status_code >= 400:
-        problem = error_body_problem(response.content)
-        if problem:
-            problems.append(problem)
-    elif streamed:
-        text = response.content.decode("utf-8", errors="replace")
-        problems += [p for p in (stream_problem(text), chunks.problem(text)) if p]
-    elif isinstance(case.body, dict) and case.body.get("stream") is True and response.status_code == 200 \
-            and is_generation(case.operation):
-        problems.append("stream=true answered without an event stream")
-    return problems
+class Checker:
+    """Every problem with one response (see the module docstring). With allow_overload, a 503
+    that says when to retry (Retry-After) is the server shedding load, not a server error."""
+
+    def __init__(self, spec: dict, allow_overload: bool = False):
+        self.spec = spec
+        self.chunks = ChunkSchemas(spec)
+        self.allow_overload = allow_overload
+
+    def _spec_checks(self, case, response: requests.Response) -> list:
+        checks = SPEC_CHECKS
+        declared = _declared_media_types(self.spec, case.operation, response.status_code)
+        if _is_event_stream(response) and "text/event-stream" not in declared:
+            checks = [not_a_server_error, status_code_conformance]   # the spec says nothing about the stream
+        if self.allow_overload and response.status_code == 503 and "Retry-After" in response.headers:
+            checks = [c for c in checks if c is not not_a_server_error]
+        return checks
+
+    def problems(self, case, response: requests.Response) -> list[str]:
+        problems = []
+        try:
+            case.validate_response(response, checks=self._spec_checks(case, response))
+        except FailureGroup as group:
+            problems += [f"{f.title}: {f.message}".strip() for f in group.exceptions]
+        if response.status_code >= 400:
+            problem = error_body_problem(response.content)
+            if problem:
+                problems.append(problem)
+        elif _is_event_stream(response):
+            text = response.content.decode("utf-8", errors="replace")
+            problems += [p for p in (stream_problem(text), self.chunks.problem(text)) if p]
+        elif isinstance(case.body, dict) and case.body.get("stream") is True and response.status_code == 200 \
+                and is_generation(case.operation):
+            problems.append("stream=true answered without an event stream")
+        return problems
 
 
 def _excerpt(data) -> str:
@@ -334,8 +347,8 @@ def _error_message(response: requests.Response) -> str | None:
         return None
 
 
-def run_case(case, session: requests.Session, base_url: str, timeout: float, spec: dict,
-             chunks: ChunkSchemas, headers: dict) -> Outcome:
+def run_case(case, session: requests.Session, base_url: str, timeout: float, checker: Checker,
+             headers: dict) -> Outcome:
     mode = case.meta.generation.mode.value if case.meta is not None else "?"
     outcome = Outcome(case.operation.label, mode, is_generation(case.operation))
     kwargs = request_of(case, base_url, headers)
@@ -353,7 +366,7 @@ def run_case(case, session: requests.Session, base_url: str, timeout: float, spe
         outcome.seconds = time.monotonic() - start
     outcome.status = response.status_code
     outcome.streamed = _is_event_stream(response)
-    outcome.failures = check(case, response, spec, chunks)
+    outcome.failures = checker.problems(case, response)
     if 400 <= response.status_code < 500:
         outcome.error = _error_message(response)
     if outcome.failures:
@@ -365,7 +378,8 @@ def run_case(case, session: requests.Session, base_url: str, timeout: float, spe
 
 # ---------------------------------------------------------------- the run
 
-def summarize(outcomes: list[Outcome], cases_asked: int, seconds: float, final_failures: list[str]) -> dict:
+def summarize(outcomes: list[Outcome], cases_asked: int, seconds: float, final_failures: list[str],
+              warnings: list[str]) -> dict:
     per_operation: dict[str, Counter] = {}
     for o in outcomes:
         per_operation.setdefault(o.operation, Counter())[str(o.status)] += 1
@@ -381,6 +395,7 @@ def summarize(outcomes: list[Outcome], cases_asked: int, seconds: float, final_f
         "top_generation_rejections": dict(rejections.most_common(20)),
         "failed_cases": len(failed), "failure_kinds": dict(kinds.most_common()),
         "after_run_failures": final_failures,
+        "server_python_warnings": warnings,
         "failures": [asdict(o) for o in failed],
     }
 
@@ -390,12 +405,12 @@ def fuzz(base_url: str, batches, spec: dict, model: str, args) -> list[Outcome]:
     rng = random.Random(args.seed)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     local = threading.local()
-    chunks = ChunkSchemas(spec)
+    checker = Checker(spec, args.allow_overload)
 
     def one(case):
         if not hasattr(local, "session"):
             local.session = requests.Session()
-        return run_case(case, local.session, base_url, args.timeout, spec, chunks, headers)
+        return run_case(case, local.session, base_url, args.timeout, checker, headers)
 
     futures = []
     with ThreadPoolExecutor(args.workers) as pool:
@@ -442,6 +457,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a response may take")
     p.add_argument("--idle-timeout", type=float, default=30.0,
                    help="seconds the engine may take to become idle after the last case")
+    p.add_argument("--allow-overload", action="store_true",
+                   help="a 503 with Retry-After is not a failure (for a server run with --max-waiting)")
     p.add_argument("--api-key", help="sent as 'Authorization: Bearer <key>'")
     p.add_argument("--report", help="write the summary and every failing case (request and response) as JSON")
     p.add_argument("--progress", action="store_true", help="print progress after each batch of cases drawn")
@@ -458,6 +475,8 @@ def print_summary(summary: dict) -> None:
         print(f"- {o['operation']} ({o['mode']}): {o['failures'][0][:300]}\n    {o['request']['curl'][:400]}")
     for line in summary["after_run_failures"]:
         print(f"- {line[:300]}")
+    for line in summary["server_python_warnings"][:5]:
+        print(f"(the server printed a Python warning: {line[:300]})")
 
 
 def main(argv=None) -> int:
@@ -470,7 +489,8 @@ def main(argv=None) -> int:
         outcomes = fuzz(server.url, batches, spec, served_model(server.url), args)
         seconds = time.monotonic() - start
         final = after_run_failures(server, args.idle_timeout)
-    summary = summarize(outcomes, args.cases, seconds, final)
+        warnings = server.log_python_warnings()
+    summary = summarize(outcomes, args.cases, seconds, final, warnings)
     print_summary(summary)
     if args.report:
         Path(args.report).write_text(json.dumps(summary, indent=1, ensure_ascii=False))

@@ -20,6 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 _LISTENING = re.compile(r"listening on (http://\S+)")
 _SAMPLE = re.compile(r"^([\w:]+)(\{[^}]*\})?\s+(\S+)$")
+_PYTHON_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -28,13 +29,23 @@ class Served:
     url: str
     log_path: Path | None = None      # the spawned server's stdout and stderr; None for --url
 
+    def _log_lines(self) -> list[str]:
+        return [] if self.log_path is None else self.log_path.read_text(errors="replace").splitlines()
+
     def log_errors(self) -> list[str]:
         """ERROR lines and tracebacks the spawned server logged (a handled bad request logs a
         WARNING at most)."""
-        if self.log_path is None:
-            return []
-        lines = self.log_path.read_text(errors="replace").splitlines()
-        return [line for line in lines if " ERROR " in line or line.startswith("Traceback")]
+        return [line for line in self._log_lines() if " ERROR " in line or line.startswith("Traceback")]
+
+    def log_python_warnings(self) -> list[str]:
+        """Distinct Python warnings (`file:line: UserWarning: ...`) the spawned server printed:
+        worth a look, though a library's deprecation is no failure of the server."""
+        lines, found = self._log_lines(), []
+        for index, line in enumerate(lines):
+            if _PYTHON_WARNING.match(line):
+                detail = [more.strip() for more in lines[index + 1:index + 3] if more.startswith(" ")]
+                found.append(" | ".join([line, *detail]))
+        return list(dict.fromkeys(found))
 
 
 def _get(url: str, timeout: float = 10) -> tuple[int, bytes]:

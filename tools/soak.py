@@ -88,6 +88,7 @@ class StreamResult:
     done: bool = False
     finish_reasons: list = field(default_factory=list)
     dropped_at: str | None = None          # "before the response", "after N chunks"
+    shed: bool = False                      # a well-formed 503 with Retry-After (overload)
     problem: str | None = None
 
 
@@ -97,7 +98,9 @@ async def _read(session: aiohttp.ClientSession, url: str, result: StreamResult) 
         result.status = response.status
         if response.status != 200:
             raw = await response.read()
-            result.problem = f"HTTP {response.status}: {error_body_problem(raw) or raw[:300]!r}"
+            shape = error_body_problem(raw)
+            result.shed = response.status == 503 and "Retry-After" in response.headers and not shape
+            result.problem = f"HTTP {response.status}: {shape or raw[:300]!r}"
             return
         if plan.drop_after_chunks == 0:
             result.dropped_at = "after 0 chunks"
@@ -138,9 +141,11 @@ async def run_stream(session: aiohttp.ClientSession, url: str, plan: Plan) -> St
     return result
 
 
-def stream_problem(result: StreamResult) -> str | None:
+def stream_problem(result: StreamResult, allow_overload: bool = False) -> str | None:
     """What is wrong with a stream: any problem seen, and for one the client did not drop, no
     proper end."""
+    if result.shed and allow_overload:
+        return None
     if result.problem:
         return result.problem
     if result.dropped_at:
@@ -162,6 +167,7 @@ class RoundReport:
     streams: int
     ended: int
     dropped: Counter
+    shed: int
     engine_after: str
     failures: list[str]
 
@@ -181,7 +187,7 @@ def soak_round(index: int, url: str, model: str, args, rng: random.Random) -> Ro
     results = asyncio.run(run_round(url, plans, args.timeout))
     seconds = time.monotonic() - start
     failures = [f"{r.plan.path} {shlex.quote(json.dumps(r.plan.body))[:200]}: {problem}"
-                for r in results if (problem := stream_problem(r))]
+                for r in results if (problem := stream_problem(r, args.allow_overload))]
     gauges = wait_idle(url, args.idle_timeout)
     if not gauges.idle:
         failures.append(f"not idle {args.idle_timeout:g} s after the round: {gauges}")
@@ -194,12 +200,14 @@ def soak_round(index: int, url: str, model: str, args, rng: random.Random) -> Ro
     if aborted < dropped["after"]:   # admitted (they got a 200) and far from their max_tokens
         failures.append(f"{dropped['after']} streams dropped after their response began, "
                         f"but {aborted:g} requests finished as aborted")
-    return RoundReport(index, seconds, len(results), ended, dropped, str(gauges), failures)
+    shed = sum(r.shed for r in results)
+    return RoundReport(index, seconds, len(results), ended, dropped, shed, str(gauges), failures)
 
 
 def print_round(report: RoundReport) -> None:
     dropped = ", ".join(f"{n} {kind}" for kind, n in sorted(report.dropped.items())) or "none"
-    print(f"round {report.index}: {report.streams} streams in {report.seconds:.1f} s, {report.ended} ended, "
+    shed = f", {report.shed} refused (503)" if report.shed else ""
+    print(f"round {report.index}: {report.streams} streams in {report.seconds:.1f} s, {report.ended} ended{shed}, "
           f"dropped: {dropped}; after: {report.engine_after}; {len(report.failures)} failures", flush=True)
     for failure in report.failures[:10]:
         print(f"  - {failure}", flush=True)
@@ -217,6 +225,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=32, help="max_tokens of a stream: between half this and this")
     p.add_argument("--dropped-max-tokens", type=int, default=200,
                    help="max_tokens (with ignore_eos) of the streams the client drops")
+    p.add_argument("--allow-overload", action="store_true",
+                   help="a 503 with Retry-After is not a failure (for a server run with --max-waiting)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds a stream may take")
     p.add_argument("--idle-timeout", type=float, default=30.0,
@@ -235,8 +245,11 @@ def main(argv=None) -> int:
             print_round(report)
             failures += len(report.failures)
         logged = server.log_errors()
+        warnings = server.log_python_warnings()
     for line in logged[:10]:
         print(f"server log: {line}")
+    for line in warnings[:5]:
+        print(f"(the server printed a Python warning: {line[:300]})")
     failures += len(logged)
     print(f"{'FAILED' if failures else 'passed'}: {args.rounds} rounds of {args.streams} streams, "
           f"{args.drop_fraction:.0%} dropped, {failures} failures")
