@@ -223,3 +223,30 @@ def test_grammars_are_cached_by_kind_and_spec(llm):
     first = compiler.compile(StructuredOutputsParams(regex="[a-c]{2}"))
     assert compiler.compile(StructuredOutputsParams(regex="[a-c]{2}")) is first
     assert compiler.compile(StructuredOutputsParams(grammar='start: /[a-c]{2}/')) is not first
+
+
+def test_constraint_sync_rolls_back_and_forward_and_forks_apart(llm):
+    """sync keeps a matcher equal to its sequence's output whatever happened between steps."""
+    from ember_cupy.structured.bitmask import fill_bitmasks
+    compiler, vocab = llm.engine.grammars, llm.engine.model_config.vocab_size
+    params = StructuredOutputsParams(json=SCHEMAS["nested_object"])
+    tokens = llm.tokenizer.encode('{"user": {"name": "Ann", "age": 3', add_special_tokens=False)
+
+    def mask_after(prefix):
+        fresh = compiler.new_constraint(params)
+        fresh.sync(prefix)
+        return fill_bitmasks([fresh], vocab)
+
+    constraint = compiler.new_constraint(params)
+    constraint.sync(tokens)                       # forward: tokens appended without sampling
+    assert constraint.consumed == tokens and not constraint.failed
+    child = constraint.fork()
+    constraint.sync(tokens[:4])                   # back: an output cut to its first 4 tokens
+    assert constraint.consumed == tokens[:4]
+    assert (fill_bitmasks([constraint], vocab) == mask_after(tokens[:4])).all()
+    assert (fill_bitmasks([child], vocab) == mask_after(tokens)).all()   # the fork kept its state
+    constraint.sync(tokens[:4] + tokens[4:6])
+    assert constraint.consumed == tokens[:6]
+    refused = llm.tokenizer.encode(" banana", add_special_tokens=False)[0]   # not after `"age": 3`
+    assert not child.accept(refused) and child.failed and child.is_finished
+    assert not constraint.failed and not constraint.is_finished
