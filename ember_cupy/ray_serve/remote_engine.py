@@ -1,0 +1,153 @@
+"""RemoteEngine: the engine the ingress's HTTP app talks to, forwarding to engine replicas.
+
+The ingress runs the project's own server (ember_cupy.server.build_app: parsing, errors, chat
+templates, tool calls, SSE, response shapes); this object stands where an AsyncEngine stands there:
+add_request() admits a request on a replica (chosen by the deployment's request router) and gives
+back a stream of its delta outputs; closing the stream cancels the Ray streaming call, which
+aborts the request on its replica. Tokenizing and chat templates run here, with the model's own
+tokenizer, exactly as in `ember-cupy serve`.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from types import SimpleNamespace
+
+from ray.exceptions import RayError
+
+from ember_cupy.outputs import RequestOutput
+from ember_cupy.ray_serve.replica import ADMISSION_ERRORS, ADMITTED, REFUSED
+from ember_cupy.ray_serve.routing_key import RoutingKeys
+from ember_cupy.sampling_params import SamplingParams
+from ember_cupy.server.async_engine import EngineDeadError, EngineState, RequestStream
+
+log = logging.getLogger("ember_cupy.ray_serve")
+
+
+class RemoteStream(RequestStream):
+    """A request's delta outputs, read from its replica's streaming generator: a RequestStream
+    (iterate it, final(), close()) whose backlog is Ray's stream, not a local accumulator."""
+
+    def __init__(self, request_id: str, responses, live: set):
+        super().__init__(request_id, engine=None)
+        self._responses = responses
+        self._live = live          # the engine's unfinished streams, this one among them
+        self.finished = False
+        live.add(self)
+
+    def _finish(self) -> None:
+        self.finished = True
+        self._live.discard(self)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        try:
+            _, output = await self._responses.__anext__()
+        except StopAsyncIteration:
+            self._finish()
+            raise
+        except RayError as exc:   # the replica died or was lost mid-request
+            self._finish()
+            raise EngineDeadError(f"the engine replica serving {self.request_id} failed: "
+                                  f"{type(exc).__name__}") from exc
+        if output.finished:
+            self._finish()
+        return output
+
+    def close(self) -> None:
+        """Cancel the call unless it finished: the replica's generator is cancelled and aborts."""
+        if not self.finished:
+            self._finish()
+            self._responses.cancel()
+
+
+class RemoteEngine:
+    """AsyncEngine's interface as the HTTP app uses it, over a handle to the engine deployment."""
+
+    metrics = None   # each replica keeps its own Prometheus metrics (ingress.py serves them all)
+
+    def __init__(self, handle, model: str | None, admission_retries: int = 1):
+        self.handle = handle
+        self.model = model
+        self.admission_retries = admission_retries   # on a replica that died before admitting
+        self.state = EngineState.NEW
+        self.error: str | None = None
+        self.engine = None        # a view of a replica's engine: config, runner (/version, policy)
+        self.tokenizer = None
+        self.max_model_len = None
+        self.keys: RoutingKeys | None = None
+        self._streams: set[RemoteStream] = set()
+        self._text_executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ember-text")
+
+    async def start(self) -> None:
+        """Learn the replicas' engine shape; load the model's tokenizer (from its checkpoint, whose
+        weights are dropped: the ingress never computes)."""
+        self.state = EngineState.LOADING
+        try:
+            info = await self.handle.info.remote()
+            self.tokenizer = await self.off_loop(_load_tokenizer, self.model)
+        except Exception as exc:
+            self.state, self.error = EngineState.DEAD, f"starting the ingress failed: {exc}"
+            raise
+        self.engine = SimpleNamespace(config=info["config"], runner=SimpleNamespace(
+            quantization=info["quantization"], num_blocks=info["kv_cache_blocks"],
+            model=SimpleNamespace(weight_bytes=lambda: info["weight_bytes"])))
+        self.max_model_len = info["max_model_len"]
+        self.keys = RoutingKeys(self.tokenizer, info["config"].block_size)
+        self.state = EngineState.READY
+
+    async def shutdown(self, drain_timeout: float = 0.0) -> None:
+        self.state = EngineState.STOPPED
+        for stream in list(self._streams):
+            stream.close()
+        self._text_executor.shutdown(wait=False)
+
+    @property
+    def is_ready(self) -> bool:
+        return self.state is EngineState.READY
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    async def off_loop(self, fn, *args, **kwargs):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._text_executor, lambda: fn(*args, **kwargs))
+
+    async def add_request(self, prompt, params: SamplingParams | None = None, *, request_id: str,
+                          priority: int = 0, cache_salt: str | None = None) -> RemoteStream:
+        """Admit on a replica; raises what AsyncEngine.add_request raises (ValueError, overloaded,
+        not ready, dead), so the HTTP layer answers exactly as `ember-cupy serve` does."""
+        routing_key = await self.off_loop(self.keys.of, prompt, cache_salt)
+        params = params or SamplingParams()
+        for attempt in range(self.admission_retries + 1):
+            responses = self.handle.options(stream=True).generate.remote(
+                prompt, params, request_id=request_id, priority=priority, cache_salt=cache_salt,
+                routing_key=routing_key)
+            try:
+                kind, detail = await responses.__anext__()
+            except asyncio.CancelledError:
+                responses.cancel()
+                raise
+            except RayError as exc:   # nothing generated yet: safe to try another replica
+                if attempt == self.admission_retries:
+                    raise EngineDeadError(f"no engine replica could admit the request: "
+                                          f"{type(exc).__name__}") from exc
+                log.warning("replica failed before admitting %s (%s); retrying", request_id,
+                            type(exc).__name__)
+                continue
+            if kind == REFUSED:
+                name, message = detail
+                raise ADMISSION_ERRORS[name](message)
+            assert kind == ADMITTED, kind
+            return RemoteStream(request_id, responses, self._streams)
+
+
+def _load_tokenizer(model: str | None):
+    from ember_cupy.model.loader import load_checkpoint
+    return load_checkpoint(model).tokenizer
