@@ -134,6 +134,39 @@ def test_no_undocumented_field_is_accepted(spec, base_url):
                 (path, name, raw)
 
 
+# the request fields of openai 3.57.0 (CompletionCreateParams of chat and of completions, + stream)
+OPENAI_FIELDS = {
+    "ChatCompletionRequest": [
+        "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
+        "max_completion_tokens", "max_tokens", "messages", "metadata", "modalities", "model", "moderation",
+        "n", "parallel_tool_calls", "prediction", "presence_penalty", "prompt_cache_key",
+        "prompt_cache_options", "prompt_cache_retention", "reasoning_effort", "response_format",
+        "safety_identifier", "seed", "service_tier", "stop", "store", "stream", "stream_options",
+        "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user", "verbosity",
+        "web_search_options"],
+    "CompletionRequest": [
+        "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "model", "n",
+        "presence_penalty", "prompt", "seed", "stop", "stream", "stream_options", "suffix", "temperature",
+        "top_p", "user"],
+}
+
+
+def test_every_openai_request_field_is_documented(spec):
+    """None of OpenAI's fields is an 'unrecognized argument': each is served, ignored, or (the
+    deprecated function calling, suffix) refused by name, as its description says."""
+    for model, names in OPENAI_FIELDS.items():
+        missing = set(names) - set(spec["components"]["schemas"][model]["properties"])
+        assert not missing, (model, missing)
+
+
+def test_deprecated_function_calling_is_refused_by_name(base_url):
+    status, raw = post(base_url, "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+        "functions": [{"name": "f", "parameters": {}}]})
+    error = json.loads(raw)["error"]
+    assert status == 400 and error["param"] == "functions" and error["code"] == "unsupported_parameter"
+
+
 def validator(spec: dict, model: str):
     schema = {"$ref": f"#/components/schemas/{model}", "components": spec["components"]}
     return jsonschema.Draft202012Validator(schema)

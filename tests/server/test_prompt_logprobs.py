@@ -108,6 +108,8 @@ def test_chat_stream_carries_prompt_logprobs_once(base_url):
 
 NEWER_OPENAI_FIELDS = {"reasoning_effort": "low", "verbosity": "low", "prompt_cache_key": "k",
                        "safety_identifier": "u-1", "modalities": ["text"], "web_search_options": {},
+                       "prompt_cache_options": {"mode": "implicit"}, "prompt_cache_retention": "24h",
+                       "moderation": {"model": "omni-moderation-latest"},
                        "prediction": {"type": "content", "content": "Hello"}, "audio": None,
                        "user": "u", "metadata": {"a": "b"}, "store": False, "service_tier": "auto"}
 

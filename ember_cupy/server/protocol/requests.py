@@ -187,6 +187,13 @@ class ChatCompletionRequest(SamplingFields):
     prediction: dict[str, Any] | None = Field(None, description=IGNORED,
                                               examples=[{"type": "content", "content": "x"}])
     web_search_options: dict[str, Any] | None = Field(None, description=IGNORED, examples=[{}])
+    prompt_cache_options: dict[str, Any] | None = Field(None, description=IGNORED + " (prefixes are cached "
+                                                        "anyway, see prompt_tokens_details)", examples=[{}])
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = Field(None, description=IGNORED)
+    moderation: dict[str, Any] | None = Field(None, description=IGNORED + " No moderation runs here.",
+                                              examples=[{"model": "omni-moderation-latest"}])
+    functions: None = Field(None, description="OpenAI's deprecated function calling: not supported; use tools.")
+    function_call: None = Field(None, description="Not supported; use tool_choice.")
 
 
 class TokenizeRequest(ProtocolModel):
