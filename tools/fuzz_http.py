@@ -186,14 +186,16 @@ def reach_engine(body: dict, rng: random.Random) -> None:
     body.update(_integral_floats_to_ints(body))
 
 
-def make_cheap(case, rng: random.Random, model: str, args) -> None:
-    """Bound the work a generation case asks for, in place (see the module docstring)."""
-    if isinstance((case.path_parameters or {}).get("model"), str) and rng.random() < args.model_share:
+def make_cheap(case, rng: random.Random, model: str | None, args) -> None:
+    """Bound the work a generation case asks for, in place (see the module docstring); `model`:
+    the served name, None when unknown (an API key is needed and was not given)."""
+    share = args.model_share if model is not None else 0.0
+    if isinstance((case.path_parameters or {}).get("model"), str) and rng.random() < share:
         case.path_parameters["model"] = model
     body = case.body
     if not isinstance(body, dict):
         return
-    if isinstance(body.get("model"), str) and rng.random() < args.model_share:
+    if isinstance(body.get("model"), str) and rng.random() < share:
         body["model"] = model
     if not is_generation(case.operation):
         return
@@ -400,7 +402,7 @@ def summarize(outcomes: list[Outcome], cases_asked: int, seconds: float, final_f
     }
 
 
-def fuzz(base_url: str, batches, spec: dict, model: str, args) -> list[Outcome]:
+def fuzz(base_url: str, batches, spec: dict, model: str | None, args) -> list[Outcome]:
     """Send every case of every batch, `args.workers` at a time; batches are drawn meanwhile."""
     rng = random.Random(args.seed)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -486,7 +488,7 @@ def main(argv=None) -> int:
         operations = operations_of(spec)
         batches = case_batches(operations, args.cases, args.generation_share, args.negative_share, args.seed)
         start = time.monotonic()
-        outcomes = fuzz(server.url, batches, spec, served_model(server.url), args)
+        outcomes = fuzz(server.url, batches, spec, served_model(server.url, args.api_key), args)
         seconds = time.monotonic() - start
         final = after_run_failures(server, args.idle_timeout)
         warnings = server.log_python_warnings()

@@ -48,9 +48,9 @@ class Served:
         return list(dict.fromkeys(found))
 
 
-def _get(url: str, timeout: float = 10) -> tuple[int, bytes]:
+def _get(url: str, timeout: float = 10, headers: dict | None = None) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -116,9 +116,13 @@ def served(url: str | None, server_args: list[str], log_path: str | None = None)
         _stop(proc)
 
 
-def served_model(url: str) -> str:
-    """The first served model name (GET /v1/models)."""
-    status, body = _get(url + "/v1/models")
+def served_model(url: str, api_key: str | None = None) -> str | None:
+    """The first served model name (GET /v1/models); None when the server wants an API key
+    that was not given."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    status, body = _get(url + "/v1/models", headers=headers)
+    if status == 401 and not api_key:
+        return None
     if status != 200:
         raise RuntimeError(f"GET /v1/models: {status} {body[:200]!r}")
     return json.loads(body)["data"][0]["id"]

@@ -172,10 +172,11 @@ class RoundReport:
     failures: list[str]
 
 
-async def run_round(url: str, plans: list[Plan], timeout: float) -> list[StreamResult]:
+async def run_round(url: str, plans: list[Plan], timeout: float, api_key: str | None) -> list[StreamResult]:
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     client_timeout = aiohttp.ClientTimeout(total=timeout)
-    async with aiohttp.ClientSession(connector=connector, timeout=client_timeout) as session:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with aiohttp.ClientSession(connector=connector, timeout=client_timeout, headers=headers) as session:
         return await asyncio.gather(*[run_stream(session, url, plan) for plan in plans])
 
 
@@ -184,7 +185,7 @@ def soak_round(index: int, url: str, model: str, args, rng: random.Random) -> Ro
     finished_before = read_metrics(url).get(FINISHED_METRIC, 0.0)
     aborted_before = read_metrics(url, finished_reason="abort").get(FINISHED_METRIC, 0.0)
     start = time.monotonic()
-    results = asyncio.run(run_round(url, plans, args.timeout))
+    results = asyncio.run(run_round(url, plans, args.timeout, args.api_key))
     seconds = time.monotonic() - start
     failures = [f"{r.plan.path} {shlex.quote(json.dumps(r.plan.body))[:200]}: {problem}"
                 for r in results if (problem := stream_problem(r, args.allow_overload))]
@@ -227,6 +228,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="max_tokens (with ignore_eos) of the streams the client drops")
     p.add_argument("--allow-overload", action="store_true",
                    help="a 503 with Retry-After is not a failure (for a server run with --max-waiting)")
+    p.add_argument("--api-key", help="sent as 'Authorization: Bearer <key>'")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds a stream may take")
     p.add_argument("--idle-timeout", type=float, default=30.0,
@@ -239,7 +241,9 @@ def main(argv=None) -> int:
     rng = random.Random(args.seed)
     failures = 0
     with served(args.url, shlex.split(args.server_args), args.server_log) as server:
-        model = served_model(server.url)
+        model = served_model(server.url, args.api_key)
+        if model is None:
+            raise SystemExit("the server wants an API key: give --api-key")
         for index in range(1, args.rounds + 1):
             report = soak_round(index, server.url, model, args, rng)
             print_round(report)
