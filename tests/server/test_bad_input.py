@@ -148,6 +148,11 @@ CASES = [
      "messages[0]"),
     ("tool-call-id-on-user-message", "POST", CH, chat(messages=[{"role": "user", "content": "x",
                                                                   "tool_call_id": "c"}]), {}, 400, "messages[0]"),
+    ("message-image-part", "POST", CH, chat(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]), {}, 400, "messages[0].content"),
+    ("stream-options-unknown-field", "POST", C, comp(stream=True, stream_options={"include_usag": True}), {}, 400,
+     "stream_options.include_usag"),
+    ("functions-deprecated", "POST", CH, chat(functions=[{"name": "f"}]), {}, 400, "functions"),
     ("assistant-tool-call-arguments-object", "POST", CH, chat(messages=[
         *MSG, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
             "name": "f", "arguments": {"a": 1}}}]}]), {}, 400, "messages[1].tool_calls[0].function.arguments"),

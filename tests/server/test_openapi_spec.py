@@ -119,6 +119,14 @@ def test_each_documented_field_alone_succeeds(spec, base_url):
     assert not refused, refused
 
 
+def test_a_null_field_is_a_field_left_out(base_url):
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": None, "stop": None, "logit_bias": None, "seed": None,
+            "stream": None, "user": None, "suffix": None, "temprature": None}
+    status, raw = post(base_url, "/v1/completions", body)
+    assert status == 200, raw
+    assert json.loads(raw)["usage"]["completion_tokens"] <= 16   # max_tokens' default
+
+
 def test_no_undocumented_field_is_accepted(spec, base_url):
     """Every field some route documents, sent to a route that does not: a 400 naming it."""
     schemas = spec["components"]["schemas"]
