@@ -105,7 +105,12 @@ class OpenAIServing:
         return await self._generate(request, req, req.prompts)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        body = await read_json_body(request)
+        req, prompt, tools = await self.prepare_chat(await read_json_body(request))
+        return await self._generate(request, req, [prompt], tools)
+
+    async def prepare_chat(self, body: dict) -> tuple[GenerationRequest, str, tool_calls.ToolSpec]:
+        """A chat body -> (its request with the sampling params and output constraint, the prompt
+        from the chat template, the tools): what /v1/chat/completions and /v1/responses run."""
         self.ensure_ready()
         req = parse_chat(body, self.engine.tokenizer.vocab_size)
         self.check_model(req.model)
@@ -123,7 +128,7 @@ class OpenAIServing:
                 add_generation_prompt=req.add_generation_prompt, **req.chat_template_kwargs)
         except (ValueError, TypeError) as exc:
             raise APIError(400, str(exc), param="messages", code="invalid_value") from None
-        return await self._generate(request, req, [prompt], tools)
+        return req, prompt, tools
 
     # --- generation -----------------------------------------------------------------------
     async def _admit(self, req: GenerationRequest, prompts: list, response_id: str) -> list[RequestStream]:
