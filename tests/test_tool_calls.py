@@ -68,17 +68,20 @@ def test_auto_gives_calls_or_text_never_a_broken_call(llm):
     """`auto` on the 135M model: whatever it picks parses as one or the other. What it picks is
     reported, not asserted for the tool prompt (the model is too small to choose reliably)."""
     prompts = {"tool": "What is the weather in Paris, in celsius?", "chat": "Hi! How are you today?"}
-    picked = {}
-    for kind, text in prompts.items():
-        for completion in (o.outputs[0] for o in
-                           [llm.chat(user(text), s, tools=TOOLS, tool_choice="auto")[0] for s in SAMPLINGS]):
-            if completion.tool_calls:
-                assert_valid_calls(completion)
-            else:
-                assert not completion.text.startswith("[") and completion.finish_reason in ("stop", "length")
-            picked.setdefault(kind, []).append("call" if completion.tool_calls else "text")
+    samplings = [SamplingParams(temperature=0.0, max_tokens=40),
+                 SamplingParams(temperature=1.0, seed=1, n=3, max_tokens=40)]
+    picked = {kind: [] for kind in prompts}
+    for sampling in samplings:
+        outputs = llm.chat([user(text) for text in prompts.values()], sampling, tools=TOOLS, tool_choice="auto")
+        for kind, output in zip(prompts, outputs):
+            for completion in output.outputs:
+                if completion.tool_calls:
+                    assert_valid_calls(completion)
+                else:
+                    assert not completion.text.startswith("[") and completion.finish_reason in ("stop", "length")
+                picked[kind].append("call" if completion.tool_calls else "text")
     print("tool_choice=auto on the default model:", picked)
-    assert picked["chat"] == ["text"] * len(SAMPLINGS)
+    assert picked["chat"] == ["text"] * 4
 
 
 def test_tool_results_go_back_through_the_template(llm):
@@ -168,3 +171,19 @@ def test_tool_description_joins_an_existing_system_message():
     assert len(messages) == 2 and messages[0]["content"].startswith("Be brief.\n\nYou can call these functions")
     assert "reply with only a JSON array of calls" in messages[0]["content"]
     assert T.prepare_messages([system] + user("Hi"), spec, template_supports_tools=True)[0] is system
+
+
+def test_auto_grammar_admits_text_or_valid_calls_only(llm):
+    """The generic `auto` constraint: plain text, or a call array that follows the tools' schemas."""
+    grammar = T.output_constraint(T.parse_tools(TOOLS, "auto"), template_supports_tools=False)
+
+    def accepts(text: str) -> bool:
+        constraint = llm.engine.grammars.new_constraint(grammar)
+        tokens = llm.tokenizer.encode(text, add_special_tokens=False)
+        return all(constraint.accept(t) for t in tokens)
+
+    assert accepts("Hello! [not a call]")
+    assert accepts('[{"name": "get_time", "arguments": {"zone": "UTC"}}]')
+    assert not accepts('[{"name": "get_date"')                               # no such tool
+    assert not accepts('[{"name": "get_time", "arguments": {"zone": "utc"')  # breaks the pattern
+    assert not accepts(' [{"name": "get_time"')                              # text may not start blank
