@@ -18,6 +18,7 @@ from ember_cupy.server.openapi import openapi_spec
 from ember_cupy.server.protocol import validate
 from ember_cupy.server.protocol.requests import DetokenizeRequest, TokenizeRequest
 from ember_cupy.server.serving import OpenAIServing
+from ember_cupy.server.static_pages import add_static_pages
 from ember_cupy.server.validation import READ_TIMEOUT_KEY, read_json_body
 
 log = logging.getLogger("ember_cupy.server")
@@ -72,6 +73,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     app.router.add_post("/detokenize", handlers.detokenize)
     app.router.add_get("/tokenizer_info", handlers.tokenizer_info)
     app.router.add_get("/openapi.json", handlers.openapi)
+    add_static_pages(app.router)   # / (chat page) and /docs
     app.on_startup.append(_start_engine)
     app.on_cleanup.append(_stop_engine)
     return app

@@ -1,0 +1,148 @@
+"""Issue 14 item 6: the chat page at / and the API reference at /docs.
+
+The pages' JavaScript (streaming, stop, API key; the OpenAPI renderer) runs in Node against the
+real server; a real browser (headless Chromium) loads the page and finishes a streamed reply
+where one is installed, and the test says why it is skipped where none is.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+from server_helpers import MODEL, http, metric
+
+API_KEY = "sekret"
+NODE = shutil.which("node") or shutil.which("nodejs")
+CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome", "chrome")
+                 if shutil.which(n)), None)
+needs_node = pytest.mark.skipif(NODE is None, reason="node is not installed: the pages' JS logic is not run")
+
+
+@pytest.fixture(scope="module")
+def keyed(start_server):
+    return start_server(settings={"api_key": API_KEY}).url
+
+
+def _page(url: str, path: str) -> str:
+    status, headers, body = http(url, "GET", path)
+    assert status == 200 and headers["Content-Type"].startswith("text/html"), (status, headers)
+    return body.decode()
+
+
+@pytest.mark.parametrize("path", ["/", "/docs"])
+def test_pages_are_public_self_contained_html(keyed, path):
+    html = _page(keyed, path)          # no Authorization header: the pages themselves are public
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html), "the page loads something remote"
+    assert not re.search(r"""@import|import\s*\(|from\s+["']https?:""", html)
+    assert "<script>" in html
+
+
+def _script(html: str) -> str:
+    return re.search(r"<script>(.*)</script>", html, re.S).group(1)
+
+
+def _node(tmp_path, page_js: str, driver: str, timeout: float = 120) -> dict:
+    (tmp_path / "page.js").write_text(page_js)
+    (tmp_path / "driver.js").write_text(driver)
+    done = subprocess.run([NODE, str(tmp_path / "driver.js")], capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+CHAT_DRIVER = """
+const chat = require("./page.js");
+const [url, key, mode] = process.argv.slice(2).length ? process.argv.slice(2) : %s;
+(async () => {
+  const deltas = [];
+  const controller = new AbortController();
+  const out = {};
+  const request = {baseUrl: url, apiKey: key, model: "%s", system: "Answer in one short sentence.",
+                   messages: [{role: "user", content: "What is the capital of France?"}],
+                   temperature: 0, maxTokens: mode === "stop" ? 400 : 12, signal: controller.signal,
+                   onDelta: piece => { deltas.push(piece); if (mode === "stop" && deltas.length === 3) controller.abort(); }};
+  try { Object.assign(out, await chat.streamChat(request)); } catch (e) { out.error = e.message; }
+  out.deltas = deltas;
+  out.body = chat.chatBody(request);
+  out.sse = chat.parseSSE('data: {"a":1}\\n\\ndata: [DONE]\\n\\ndata: {"b"');
+  console.log(JSON.stringify(out));
+})();
+"""
+
+
+def _chat(tmp_path, keyed, key: str, mode: str) -> dict:
+    driver = CHAT_DRIVER % (json.dumps([keyed, key, mode]), MODEL)
+    return _node(tmp_path, _script(_page(keyed, "/")), driver)
+
+
+@needs_node
+def test_the_page_streams_a_reply_token_by_token_with_the_settings(keyed, tmp_path):
+    out = _chat(tmp_path, keyed, API_KEY, "full")
+    assert "error" not in out, out
+    assert out["body"]["messages"][0] == {"role": "system", "content": "Answer in one short sentence."}
+    assert out["body"]["temperature"] == 0 and out["body"]["max_tokens"] == 12
+    assert len(out["deltas"]) > 1 and "".join(out["deltas"]) == out["text"]
+    assert out["finishReason"] in ("stop", "length") and 0 < out["usage"]["completion_tokens"] <= 12
+    assert out["sse"] == {"events": ['{"a":1}', "[DONE]"], "rest": 'data: {"b"'}
+    # the same request without the page: the same greedy reply
+    status, _, raw = http(keyed, "POST", "/v1/chat/completions",
+                          {k: v for k, v in out["body"].items() if k not in ("stream", "stream_options")},
+                          headers={"Authorization": f"Bearer {API_KEY}"})
+    assert status == 200
+    assert json.loads(raw)["choices"][0]["message"]["content"] == out["text"]
+
+
+@needs_node
+def test_stop_aborts_the_request_on_the_server(keyed, tmp_path):
+    aborted_before = metric(keyed, "ember:request_success_total", finished_reason="abort") or 0.0
+    out = _chat(tmp_path, keyed, API_KEY, "stop")
+    assert out.get("aborted") is True and len(out["deltas"]) == 3, out
+    deadline = time.monotonic() + 30
+    while metric(keyed, "ember:request_success_total", finished_reason="abort") == aborted_before:
+        assert time.monotonic() < deadline, "the server never aborted the stopped request"
+        time.sleep(0.1)
+    while metric(keyed, "ember:num_requests_running") != 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert metric(keyed, "ember:kv_cache_free_blocks") == metric(keyed, "ember:kv_cache_total_blocks")
+
+
+@needs_node
+def test_a_wrong_api_key_is_reported(keyed, tmp_path):
+    out = _chat(tmp_path, keyed, "wrong", "full")
+    assert out["error"].startswith("HTTP 401: invalid API key"), out
+
+
+@needs_node
+def test_docs_render_every_operation_of_the_openapi_spec(keyed, tmp_path):
+    spec = json.loads(http(keyed, "GET", "/openapi.json")[2])
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    driver = """
+const docs = require("./page.js");
+const spec = require("./spec.json");
+console.log(JSON.stringify({html: docs.render(spec)}));
+"""
+    html = _node(tmp_path, _script(_page(keyed, "/docs")), driver)["html"]
+    for path, item in spec["paths"].items():
+        for method in item:
+            assert f'id="{method} {path}"' in html, (method, path)
+    assert "<code>messages</code> *" in html      # the chat request's required field, from its schema
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install chromium): "
+                                             "the page is not loaded in a real browser here")
+def test_a_real_browser_finishes_a_streamed_reply(keyed, tmp_path):
+    url = (f"{keyed}/?prompt=Say%20hello.&max_tokens=8&temperature=0&system=Be%20brief."
+           f"&api_key={API_KEY}")
+    flags = [CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--virtual-time-budget=60000"]
+    dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=180).stdout
+    reply = re.search(r'<div class="message assistant" data-state="(\w+)"[^>]*>.*?<div class="text">(.*?)</div>',
+                      dom, re.S)
+    assert reply and reply.group(1) == "done" and reply.group(2).strip(), dom[-3000:]
+    shot = tmp_path / "chat.png"
+    subprocess.run([*flags, f"--screenshot={shot}", "--window-size=1000,700", url], capture_output=True,
+                   timeout=180)
+    assert shot.is_file() and shot.stat().st_size > 1000
