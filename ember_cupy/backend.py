@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import types
+from pathlib import Path
 
 import numpy as np
 
@@ -23,6 +24,7 @@ def _cupy_or_reason() -> tuple[types.ModuleType | None, str]:
         import cupy
     except Exception as exc:  # ImportError, or a broken CUDA install raising at import
         return None, f"cupy is not importable ({exc})"
+    preload_nvrtc_builtins()   # CuPy's own first kernel below compiles through NVRTC
     try:
         if cupy.cuda.runtime.getDeviceCount() < 1:
             return None, "no CUDA device is visible"
@@ -30,6 +32,40 @@ def _cupy_or_reason() -> tuple[types.ModuleType | None, str]:
     except Exception as exc:
         return None, f"no usable CUDA device ({exc})"
     return cupy, ""
+
+
+def nvidia_wheel_dirs(leaf: str) -> list[Path]:
+    """<site-packages>/nvidia/*/<leaf> of the installed NVIDIA pip wheels (cu12 and cu13 layouts)."""
+    try:
+        import nvidia
+    except ImportError:
+        return []
+    return sorted(p for root in nvidia.__path__ for p in Path(root).glob(f"*/{leaf}") if p.is_dir())
+
+
+_builtins_loaded = False
+
+
+def preload_nvrtc_builtins() -> list[str]:
+    """Load every libnvrtc-builtins of the NVIDIA wheels, once, before NVRTC needs one.
+
+    The wheels' libnvrtc has no $ORIGIN runpath, so its own dlopen of libnvrtc-builtins.so.13.0
+    fails unless that folder is on LD_LIBRARY_PATH (read only at process start). A library already
+    loaded under the same soname satisfies that dlopen. Returns the paths loaded (first call)."""
+    global _builtins_loaded
+    if _builtins_loaded:
+        return []
+    _builtins_loaded = True
+    import ctypes
+    loaded = []
+    for folder in nvidia_wheel_dirs("lib"):
+        for library in sorted(folder.glob("libnvrtc-builtins.so.*")):
+            try:
+                ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+                loaded.append(str(library))
+            except OSError:
+                continue
+    return loaded
 
 
 @functools.lru_cache(maxsize=None)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ember_cupy.backend import nvidia_wheel_dirs, preload_nvrtc_builtins
 from ember_cupy.ops._sources import kernel_source_dir
 
 CUDA_SOURCE_DIR = kernel_source_dir("cuda", "EMBER_CUDA_SOURCES")
@@ -101,7 +102,7 @@ def cuda_include_dir() -> Path:
     if nvcc:
         candidates.append(os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "include"))
     candidates.append("/usr/local/cuda/include")
-    candidates += [str(p) for p in _nvidia_wheel_dirs("include")]
+    candidates += [str(p) for p in nvidia_wheel_dirs("include")]
     for candidate in filter(None, candidates):
         if all(os.path.isfile(os.path.join(candidate, h)) for h in ("cuda_fp16.h", "cuda_bf16.h")):
             return Path(candidate)
@@ -109,39 +110,6 @@ def cuda_include_dir() -> Path:
         "cuda_fp16.h / cuda_bf16.h not found (NVRTC needs them for the kernels): install the CUDA runtime "
         "headers wheel (pip install 'ember-cupy[cuda12]' or '[cuda13]', which include nvidia-cuda-runtime), "
         "or set EMBER_CUDA_INCLUDE to a CUDA include directory")
-
-
-def _nvidia_wheel_dirs(leaf: str) -> list[Path]:
-    """<site-packages>/nvidia/*/<leaf> of the installed NVIDIA pip wheels (cu12 and cu13 layouts)."""
-    try:
-        import nvidia
-    except ImportError:
-        return []
-    return sorted(p for root in nvidia.__path__ for p in Path(root).glob(f"*/{leaf}") if p.is_dir())
-
-
-_builtins_loaded = False
-
-
-def preload_nvrtc_builtins() -> str | None:
-    """Load libnvrtc-builtins from the NVRTC wheel's folder, once, before NVRTC needs it.
-
-    The wheel's libnvrtc has no $ORIGIN runpath, so its own dlopen of libnvrtc-builtins.so.13.0
-    fails unless that folder is on LD_LIBRARY_PATH (read only at process start). A library already
-    loaded under the same soname satisfies that dlopen. Returns the path loaded, or None."""
-    global _builtins_loaded
-    if _builtins_loaded:
-        return None
-    _builtins_loaded = True
-    import ctypes
-    for folder in _nvidia_wheel_dirs("lib"):
-        for library in sorted(folder.glob("libnvrtc-builtins.so*"), reverse=True):
-            try:
-                ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
-                return str(library)
-            except OSError:
-                continue
-    return None
 
 
 def _cache_dir() -> Path:
@@ -160,7 +128,7 @@ def nvrtc_compile(source: str, arch: str, options: tuple[str, ...] = NVRTC_OPTIO
                   target: str = "cubin") -> tuple[bytes, str]:
     """Compile cuda/`source` for sm_`arch` with NVRTC; returns (CUBIN or PTX, program log)."""
     from cupy_backends.cuda.libs import nvrtc
-    preload_nvrtc_builtins()
+    preload_nvrtc_builtins()   # before NVRTC looks for it (no $ORIGIN runpath)
     text = (CUDA_SOURCE_DIR / source).read_text()
     program = nvrtc.createProgram(text, source, [], [])
     flags = [f"-arch=sm_{arch}" if target == "cubin" else f"-arch=compute_{arch}",

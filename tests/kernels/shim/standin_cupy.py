@@ -70,9 +70,12 @@ class ndarray(NDArrayOperatorsMixin):  # noqa: N801 -- cupy's spelling
         out = kwargs.get("out")
         if out is not None:
             kwargs["out"] = tuple(_unwrap(o, name) for o in out)
-        result = getattr(ufunc, method)(*(_unwrap(x, name) for x in inputs), **kwargs)
+        operands = [_unwrap(x, name) for x in inputs]
+        result = getattr(ufunc, method)(*operands, **kwargs)
         if out is not None:
             return out[0] if len(out) == 1 else out
+        if ufunc is np.matmul and out is None:   # ml_dtypes' bfloat16 matmul answers float32; CuPy's keeps bf16
+            result = result.astype(np.result_type(*operands), copy=False)
         return _wrap(result)
 
     # --- attributes -----------------------------------------------------------------------
