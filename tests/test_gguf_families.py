@@ -58,6 +58,7 @@ def test_gguf_q8_0_matrices_on_the_default_path_stay_close(tmp_path):
 def _llama3_divisors(config: dict, head_dim: int) -> np.ndarray:
     """What llama.cpp's converter stores as rope_freqs: default / llama3 inverse frequencies,
     the llama3 ones from transformers' own _compute_llama3_parameters."""
+    pytest.importorskip("transformers", reason="the llama3 reference frequencies come from transformers")
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import _compute_llama3_parameters
     hf_config = LlamaConfig(hidden_size=config["hidden_size"], num_attention_heads=config["num_attention_heads"],

@@ -1,0 +1,99 @@
+"""Gemma 3 270M (the optional PyPI GGUF, Q4_K_M: Q4_K, Q5_0, Q6_K, Q8_0 and F32 tensors) through
+the public API against an independent float32 reference (tests/fixtures/gemma3_teacher_forced.json,
+made by tools/make_gemma3_reference.py with transformers; ids from llama.cpp): teacher forced at
+every position of 5 prompts + 16 greedy tokens each, one of them longer than the 512-token
+sliding window. Scoring (top-1 agreement, KL(ref || ours) from top-K lists) as in
+test_quantized_fidelity.py. Skipped, naming the packages, when the Gemma file is not installed."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from ember_cupy import LLM, SamplingParams
+from ember_cupy.model.loader import load_checkpoint
+from gemma3_model import gemma3_gguf_path
+from test_quantized_fidelity import K_OURS, score
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "gemma3_teacher_forced.json")
+REFERENCE = json.load(open(FIXTURE, encoding="utf-8"))
+PROMPTS = {p["name"]: p for p in REFERENCE["prompts"]}
+WINDOW = 512
+MIN_AGREEMENT, MAX_KL = 0.95, 0.05            # the default (quantized) path, per prompt
+NONE_MIN_AGREEMENT, NONE_MAX_LOGPROB_ERROR = 0.99, 1e-3   # quantization="none": fp32 throughout
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    return load_checkpoint(gemma3_gguf_path())
+
+
+def test_the_file_is_what_the_model_code_expects(checkpoint):
+    cfg = checkpoint.config
+    assert (cfg.architecture, cfg.num_layers, cfg.hidden_size, cfg.head_dim) == ("gemma3", 18, 640, 256)
+    assert (cfg.num_heads, cfg.num_kv_heads, cfg.sliding_window) == (4, 1, WINDOW)
+    assert [i for i, s in enumerate(cfg.sliding_layers) if not s] == [5, 11, 17]   # llama.cpp's pattern 6
+    assert (cfg.rope_theta, cfg.rope_local_theta) == (1e6, 1e4)
+    assert cfg.qk_norm and cfg.sandwich_norms and cfg.hidden_act == "gelu_tanh"
+    assert {w.qtype for w in checkpoint.weights.values() if hasattr(w, "qtype")} >= {"Q4_K", "Q5_0", "Q6_K", "Q8_0"}
+
+
+def test_reference_covers_the_sliding_window():
+    assert max(len(p["input_ids"]) for p in PROMPTS.values()) > WINDOW + 100
+    assert sum(len(p["input_ids"]) for p in PROMPTS.values()) >= 900
+
+
+def _teacher_forced(llm) -> dict:
+    names = sorted(PROMPTS)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=K_OURS, prompt_logprobs=K_OURS)
+    outputs = llm.generate([PROMPTS[n]["input_ids"] for n in names], params)
+    return {name: (score(PROMPTS[name], out), out) for name, out in zip(names, outputs)}
+
+
+@pytest.fixture(scope="module")
+def quantized(checkpoint):
+    llm = LLM(checkpoint, max_num_batched_tokens=256, max_model_len=2048, kv_cache_memory=256 << 20)
+    assert llm.engine.runner.quantization == "auto"
+    return _teacher_forced(llm)
+
+
+@pytest.fixture(scope="module")
+def exact(checkpoint):
+    llm = LLM(checkpoint, quantization="none", max_num_batched_tokens=256, max_model_len=2048,
+              kv_cache_memory=256 << 20)
+    return _teacher_forced(llm)
+
+
+@pytest.mark.parametrize("name", sorted(PROMPTS))
+def test_default_quantized_path_agrees_with_the_reference(quantized, name):
+    stats, _ = quantized[name]
+    print(f"{name}: {stats.positions} positions, top-1 {stats.agreement:.4f}, KL mean {stats.mean_kl:.5f} "
+          f"max {stats.max_kl:.5f}")
+    assert stats.agreement >= MIN_AGREEMENT
+    assert stats.max_kl <= MAX_KL   # at every position
+
+
+@pytest.mark.parametrize("name", sorted(PROMPTS))
+def test_fp32_path_matches_the_reference(exact, name):
+    stats, out = exact[name]
+    prompt = PROMPTS[name]
+    worst = 0.0
+    for p in range(stats.positions - 1):
+        ours = dict(out.prompt_logprobs[p + 1].top)
+        ref = dict(zip(prompt["top_ids"][p][:5], prompt["top_logprobs"][p][:5]))
+        worst = max(worst, max(abs(ours[t] - lp) for t, lp in ref.items() if t in ours))
+    print(f"{name}: top-1 {stats.agreement:.4f}, KL max {stats.max_kl:.2e}, max |dlogprob| top-5 {worst:.2e}")
+    assert stats.agreement >= NONE_MIN_AGREEMENT
+    assert worst <= NONE_MAX_LOGPROB_ERROR
+
+
+def test_greedy_completion_from_text(checkpoint):
+    """A base model: plain completion of text, tokenized here (BOS added once)."""
+    prompt = PROMPTS["english"]
+    llm = LLM(checkpoint, max_model_len=512, kv_cache_memory=64 << 20)
+    text = "The quick brown fox jumps over the lazy dog. Once upon a time, in a quiet village by the sea, " \
+           "there lived an old fisherman who"
+    out = llm.generate(text, SamplingParams(temperature=0, max_tokens=4))[0]
+    assert out.prompt_token_ids == prompt["input_ids"][:prompt["n_prompt"]]
+    assert out.outputs[0].token_ids == prompt["input_ids"][prompt["n_prompt"]:prompt["n_prompt"] + 4]
+    assert np.isfinite([e.logprob for e in out.outputs[0].logprobs or []]).all()
