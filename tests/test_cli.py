@@ -14,12 +14,14 @@ import pytest
 import ember_cupy
 from ember_cupy.model.loader import default_model_path
 
+# compiled host kernels stay in the user's cache when a test moves HOME
+KERNEL_CACHE = os.environ.get("EMBER_KERNEL_CACHE", os.path.expanduser("~/.cache/ember_cupy/kernels"))
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _env(**extra) -> dict:
     return {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "EMBER_BACKEND": "numpy", "EMBER_NO_PROGRESS": "1", **extra}
+            "EMBER_BACKEND": "numpy", "EMBER_NO_PROGRESS": "1", "EMBER_KERNEL_CACHE": KERNEL_CACHE, **extra}
 
 
 def _cli(*args: str, stdin: str | None = None, timeout: float = 120, **env) -> subprocess.CompletedProcess:

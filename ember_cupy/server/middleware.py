@@ -12,8 +12,8 @@ from ember_cupy.server.errors import APIError, bad_request, from_http_exception
 log = logging.getLogger("ember_cupy.server")
 
 # With an API key these need "Authorization: Bearer <key>"; every other route (/health,
-# /metrics, /version, /openapi.json: probes, scrapers, docs) stays public. cli.py's --api-key
-# help and README.md list both.
+# /metrics, /version, /openapi.json, the / and /docs pages: probes, scrapers, docs) stays
+# public. cli.py's --api-key help and README.md list both.
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
 
