@@ -46,10 +46,6 @@ class Plan:
     drop_after_chunks: int | None = None     # close the connection after this many data events
     drop_after_seconds: float | None = None  # or cancel the request this long after sending it
 
-    @property
-    def dropped(self) -> bool:
-        return self.drop_after_chunks is not None or self.drop_after_seconds is not None
-
 
 def make_plans(count: int, drop_fraction: float, max_tokens: int, dropped_max_tokens: int, model: str,
                rng: random.Random) -> list[Plan]:
@@ -199,8 +195,9 @@ def soak_round(index: int, url: str, model: str, args, rng: random.Random) -> Ro
     dropped = Counter(r.dropped_at.split(" ")[0] for r in results if r.dropped_at)
     aborted = read_metrics(url, finished_reason="abort").get(FINISHED_METRIC, 0.0) - aborted_before
     if aborted < dropped["after"]:   # admitted (they got a 200) and far from their max_tokens
-        failures.append(f"{dropped['after']} streams dropped after their response began, "
-                        f"but {aborted:g} requests finished as aborted")
+        failures.append(f"{dropped['after']} streams dropped after their response began, but {aborted:g} "
+                        f"requests finished as aborted (unless the server ran far ahead of this client "
+                        f"and finished some first: raise --dropped-max-tokens)")
     shed = sum(r.shed for r in results)
     return RoundReport(index, seconds, len(results), ended, dropped, shed, str(gauges), failures)
 
@@ -225,7 +222,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=32, help="max_tokens of a stream: between half this and this")
     p.add_argument("--dropped-max-tokens", type=int, default=200,
-                   help="max_tokens (with ignore_eos) of the streams the client drops")
+                   help="max_tokens (with ignore_eos) of the streams the client drops: more than they "
+                        "can generate before the drop; prompt + this must fit the server's context")
     p.add_argument("--allow-overload", action="store_true",
                    help="a 503 with Retry-After is not a failure (for a server run with --max-waiting)")
     p.add_argument("--api-key", help="sent as 'Authorization: Bearer <key>'")
