@@ -17,6 +17,7 @@ from ember_cupy.server.middleware import auth_middleware, cors_handlers, error_m
 from ember_cupy.server.openapi import openapi_spec
 from ember_cupy.server.protocol import validate
 from ember_cupy.server.protocol.requests import DetokenizeRequest, TokenizeRequest
+from ember_cupy.server.responses_api import ResponsesServing
 from ember_cupy.server.serving import OpenAIServing
 from ember_cupy.server.static_pages import add_static_pages
 from ember_cupy.server.validation import READ_TIMEOUT_KEY, read_json_body
@@ -64,6 +65,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     handlers = _Handlers(engine, serving, settings)
     app.router.add_post("/v1/completions", serving.completions)
     app.router.add_post("/v1/chat/completions", serving.chat)
+    app.router.add_post("/v1/responses", ResponsesServing(serving).create)
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_get("/v1/models/{model}", handlers.model)
     app.router.add_get("/health", handlers.health)

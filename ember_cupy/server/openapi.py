@@ -8,6 +8,7 @@ from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 from ember_cupy.server.protocol import requests as Q
 from ember_cupy.server.protocol import responses as A
+from ember_cupy.server.protocol import responses_api as RA
 
 REF = "#/components/schemas/{model}"
 ERRORS = {400: "Bad request: `param` names the field", 401: "Missing or wrong API key",
@@ -18,6 +19,8 @@ ROUTES = [
     ("post", "/v1/completions", "Text completion", Q.CompletionRequest, A.Completion, (400, 401, 404, 413, 415, 503)),
     ("post", "/v1/chat/completions", "Chat completion with the model's chat template", Q.ChatCompletionRequest,
      A.ChatCompletion, (400, 401, 404, 413, 415, 503)),
+    ("post", "/v1/responses", "OpenAI Responses API (stream=true: typed response.* events)", RA.ResponsesRequest,
+     RA.ResponseObject, (400, 401, 404, 413, 415, 503)),
     ("get", "/v1/models", "The served models", None, A.ModelList, (401,)),
     ("get", "/v1/models/{model}", "One served model", None, A.ModelCard, (401, 404)),
     ("get", "/health", "200 when the engine is ready", None, A.HealthResponse, (503,)),
