@@ -64,7 +64,7 @@ def prepare(payload: Path = PAYLOAD, layers: int = LAYERS) -> dict:
     for header in HEADERS:
         shutil.copy2(_cuda.cuda_include_dir() / header, include / header)
     sizes = {"model": model.stat().st_size, "payload": _tree_bytes(payload), "repo": repo_bytes()}
-    if sizes["repo"] + (0 if payload.is_relative_to(REPO) else sizes["payload"]) > CARRY_LIMIT:
+    if sizes["repo"] + sizes["payload"] > CARRY_LIMIT:
         raise RuntimeError(f"repo + payload = {sizes} bytes: over the {CARRY_LIMIT >> 20} MiB carry limit")
     return sizes
 
@@ -97,12 +97,11 @@ def site_imports(payload: Path, target: Path) -> bool:
 
 
 def repo_bytes() -> int:
-    """What travels of the repo: tracked and untracked-not-ignored files (plus the ignored payload
-    when it is inside, since the call carries it)."""
+    """What travels of the repo besides the payload: tracked and untracked-not-ignored files."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                             cwd=REPO, check=True, capture_output=True).stdout.split(b"\0")
-    total = sum((REPO / os.fsdecode(p)).stat().st_size for p in listed if p and (REPO / os.fsdecode(p)).is_file())
-    return total + (_tree_bytes(PAYLOAD) if PAYLOAD.is_dir() else 0)
+    files = [REPO / os.fsdecode(p) for p in listed if p]
+    return sum(f.stat().st_size for f in files if f.is_file())
 
 
 def _tree_bytes(folder: Path) -> int:
