@@ -7,6 +7,7 @@ from typing import Sequence as Seq
 from ember_cupy import tool_calls
 from ember_cupy.config import EngineConfig
 from ember_cupy.engine.llm_engine import LLMEngine
+from ember_cupy.engine.pooling import PoolingParams
 from ember_cupy.outputs import OutputKind, RequestOutput
 from ember_cupy.sampling_params import SamplingParams
 
@@ -67,6 +68,21 @@ class LLM:
                         completion.tool_calls = calls
                         completion.finish_reason = "tool_calls"
         return outputs
+
+    def embed(self, prompts, params: PoolingParams | None = None) -> list[RequestOutput]:
+        """Embeddings (RequestOutput.embedding: the L2-normalised final hidden state of each
+        prompt's last token, ember_cupy/engine/pooling.py), in prompt order, batched continuously
+        through the same scheduler as generate(). prompts: as for generate()."""
+        request_ids = []
+        try:
+            for prompt in self._as_prompt_list(prompts):
+                request_ids.append(f"offline-embed-{next(self._ids)}")
+                self.engine.add_request(request_ids[-1], prompt, params or PoolingParams())
+            return self._run(request_ids)
+        except BaseException:
+            for request_id in request_ids:
+                self.engine.abort(request_id)
+            raise
 
     def _run(self, request_ids: list[str]) -> list[RequestOutput]:
         final: dict[str, RequestOutput] = {}

@@ -11,6 +11,7 @@ from ember_cupy.config import EngineConfig
 from ember_cupy.engine.block_manager import BlockManager
 from ember_cupy.engine.model_runner import ModelRunner
 from ember_cupy.engine.outputs import OutputKind, RequestOutput
+from ember_cupy.engine.pooling import PREFILL_ONLY, EmbeddingRequest, PoolingParams
 from ember_cupy.engine.request import Request
 from ember_cupy.engine.sampler import Sampler, TokenLogprobs, log_softmax, top_logprobs
 from ember_cupy.engine.scheduler import ScheduledBatch, Scheduler
@@ -53,7 +54,7 @@ class LLMEngine:
         if self.config.max_model_len:
             limits.append(self.config.max_model_len)
         self.max_model_len = min(limits)
-        self.requests: dict[str, Request] = {}
+        self.requests: dict[str, Request | EmbeddingRequest] = {}
         # called in step() right after scheduling, before the forward pass (the server updates its
         # queue gauges there, so they show the step being computed rather than the one before)
         self.on_scheduled = None
@@ -81,13 +82,16 @@ class LLMEngine:
                          f"({need} bytes); raise gpu_memory_utilization or lower max_num_batched_tokens")
 
     # --- admission ----------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    params: SamplingParams | PoolingParams | None = None,
                     *, priority: int = 0, cache_salt: str | None = None,
                     arrival_time: float | None = None, prompt_token_ids: list[int] | None = None,
                     output_kind: OutputKind = OutputKind.CUMULATIVE) -> None:
         """prompt_token_ids: with a string prompt, its token ids as self.tokenizer.encode gave them
         (the server tokenizes off its event loop); the prompt is then not tokenized again.
-        output_kind: what step() returns for this request (ember_cupy/engine/outputs.py)."""
+        output_kind: what step() returns for this request (ember_cupy/engine/outputs.py).
+        PoolingParams make an embedding request (ember_cupy/engine/pooling.py): one output, at
+        the end, whatever output_kind, with its `embedding`."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -97,6 +101,10 @@ class LLMEngine:
             prompt_text, prompt_ids = prompt, list(prompt_token_ids)
         else:
             prompt_text, prompt_ids = self._prompt_ids(prompt)
+        if isinstance(params, PoolingParams):
+            self._add_embedding_request(request_id, prompt_text, prompt_ids, params, priority, cache_salt,
+                                        arrival_time)
+            return
         params.check_vocab(self.model_config.vocab_size)
         constraint = self.grammars.new_constraint(params.structured_outputs) if params.structured_outputs else None
         max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
@@ -108,6 +116,18 @@ class LLMEngine:
                        cache_salt=cache_salt, stats=stats, num_pending_forks=params.n - 1, constraint=constraint)
         request.state(seq)
         self.requests[request_id] = request
+        self.scheduler.add(seq)
+
+    def _add_embedding_request(self, request_id: str, prompt_text: str | None, prompt_ids: list[int],
+                               params: PoolingParams, priority: int, cache_salt: str | None,
+                               arrival_time: float | None) -> None:
+        if len(prompt_ids) > self.max_model_len:
+            raise ValueError(f"prompt has {len(prompt_ids)} tokens; the context allows at most "
+                             f"{self.max_model_len}")
+        stats = SequenceStats(arrival_time=arrival_time or time.monotonic())
+        seq = Sequence(request_id, prompt_ids, PREFILL_ONLY, max_tokens=1, priority=priority,
+                       cache_salt=cache_salt, stats=stats, pooled=True)
+        self.requests[request_id] = EmbeddingRequest(request_id, prompt_text, prompt_ids, params, seq)
         self.scheduler.add(seq)
 
     def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
@@ -170,10 +190,14 @@ class LLMEngine:
         step_logits = self.runner.execute(batch)
         for seq, first_position, logits in step_logits.prompt_logits:
             self._record_prompt_logprobs(seq, first_position, logits)
+        touched = []
+        for seq, hidden in step_logits.pooled_hidden:
+            request = self.requests[seq.request_id]
+            request.pool(hidden)
+            touched.append(request)
         sampling_seqs, logits = self._sampling_rows(batch, step_logits)
         sampled = self.sampler(logits, sampling_seqs)
         seqs = self.scheduler.update(batch, sampled.token_ids)
-        touched = []
         for seq, token_id, logprobs in zip(seqs, sampled.token_ids, sampled.logprobs):
             request = self.requests[seq.request_id]
             self._detokenize(request, seq, int(token_id), logprobs)

@@ -22,7 +22,7 @@ def resolve_dtype(name: str, xp, stored_dtype: str | None = None) -> np.dtype:
     checkpoint's 16-bit dtype (float16 stays float16, bfloat16 stays bfloat16), and bfloat16 for
     GGUF and float32 checkpoints: its range is float32's, while float16 tops out at 65504 and
     SmolLM2-135M's residual stream already peaks at 27,347 (42% of it); larger models carry
-    bigger outlier activations. Logits are float32 whatever the dtype (LlamaModel._logits).
+    bigger outlier activations. Logits are float32 whatever the dtype (LlamaModel.logits).
 
     float16 is refused on NumPy: NumPy has no BLAS for float16, so every GEMM runs in its generic
     loops (hundreds of times slower than float32). bfloat16 (ml_dtypes) is allowed: its matmul
@@ -115,13 +115,16 @@ class ModelRunner:
         whose logprobs were asked for."""
         self._copy_blocks(batch.block_copies)
         input_ids, metadata, rows = self._prepare(batch.scheduled)
-        logits = self.model.forward(input_ids, metadata, self.kv_caches)
+        hidden = self.model.hidden_states(input_ids, metadata, self.kv_caches)
+        num_logits_rows = hidden.shape[0] - len(rows.pooled)
+        logits = self.model.logits(hidden[:num_logits_rows])
         num_prompt_rows = sum(len(r) for _, _, r in rows.prompt)
         prompt, offset = [], 0
         for seq, first_position, seq_rows in rows.prompt:
             prompt.append((seq, first_position, logits[offset:offset + len(seq_rows)]))
             offset += len(seq_rows)
-        return StepLogits(logits[num_prompt_rows:], rows.sampling, prompt)
+        pooled = [(seq, hidden[num_logits_rows + i]) for i, seq in enumerate(rows.pooled)]
+        return StepLogits(logits[num_prompt_rows:], rows.sampling, prompt, pooled)
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:
@@ -154,7 +157,7 @@ class ModelRunner:
                         + positions % block_size).astype(np.int32)
         rows = self._logits_rows(scheduled, query_start_loc)
         prompt_indices = [r for _, _, seq_rows in rows.prompt for r in seq_rows]
-        logits_indices = np.array(prompt_indices + rows.sampling_rows, dtype=np.int64)
+        logits_indices = np.array(prompt_indices + rows.sampling_rows + rows.pooled_rows, dtype=np.int64)
         xp = self.xp
         metadata = BatchMetadata(
             positions=xp.asarray(positions), slot_mapping=xp.asarray(slot_mapping),
@@ -168,8 +171,9 @@ class ModelRunner:
         for i, (seq, num_tokens) in enumerate(scheduled):
             start, first_row = seq.num_computed_tokens, int(query_start_loc[i])
             if start + num_tokens == seq.num_tokens:
-                rows.sampling.append(seq)
-                rows.sampling_rows.append(first_row + num_tokens - 1)
+                seqs, seq_rows = (rows.pooled, rows.pooled_rows) if seq.pooled else (rows.sampling, rows.sampling_rows)
+                seqs.append(seq)
+                seq_rows.append(first_row + num_tokens - 1)
             last_scored = seq.num_prompt_tokens - 2   # logits at position p score prompt token p + 1
             if seq.params.prompt_logprobs is not None and start <= last_scored:
                 count = min(num_tokens, last_scored - start + 1)
@@ -182,6 +186,8 @@ class _LogitsRows:
     sampling: list = field(default_factory=list)        # sequences that sample a token now
     sampling_rows: list = field(default_factory=list)   # their last row in the batch
     prompt: list = field(default_factory=list)          # (seq, first position, rows) for prompt logprobs
+    pooled: list = field(default_factory=list)          # embedding sequences whose prompt ends now
+    pooled_rows: list = field(default_factory=list)     # their last row in the batch
 
 
 @dataclass
@@ -189,3 +195,4 @@ class StepLogits:
     sampling_logits: object                 # [len(sampling_seqs), vocab]
     sampling_seqs: list[Sequence]
     prompt_logits: list[tuple[Sequence, int, object]]   # (seq, first position, [rows, vocab])
+    pooled_hidden: list[tuple[Sequence, object]] = field(default_factory=list)   # (seq, [hidden])

@@ -48,6 +48,9 @@ class RequestOutput:
     num_cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprobs | None] | None = None   # DELTA: in the first output only
     metrics: SequenceStats | None = None    # over all n sequences (ember_cupy.engine.sequence.merge_stats)
+    # an embedding request (ember_cupy/engine/pooling.py): its pooled vector, outputs empty;
+    # None when it was aborted before its prompt was computed
+    embedding: list[float] | None = None
 
 
 class _Pieces:
@@ -109,6 +112,6 @@ class DeltaAccumulator:
                 cumulative_logprob=last.cumulative_logprob))
         merged = RequestOutput(latest.request_id, latest.prompt, latest.prompt_token_ids, outputs,
                                latest.finished, latest.num_cached_tokens, self._prompt_logprobs,
-                               latest.metrics)
+                               latest.metrics, latest.embedding)
         self._reset()
         return merged

@@ -44,6 +44,7 @@ class ScheduledBatch:
     # token: itself, or the parent a fresh fork shares its prompt with
     samples: list[tuple[Sequence, Sequence]] = field(default_factory=list)
     forked: list[Sequence] = field(default_factory=list)                 # siblings forked now
+    pooled: list[Sequence] = field(default_factory=list)   # embedding sequences whose prompt ends now
 
     @property
     def num_tokens(self) -> int:
@@ -182,10 +183,14 @@ class Scheduler:
     def _run(self, batch: ScheduledBatch, seq: Sequence, num_tokens: int) -> None:
         batch.block_copies += self.block_manager.allocate(seq, num_tokens)
         batch.scheduled.append((seq, num_tokens))
-        if seq.num_computed_tokens + num_tokens == seq.num_tokens:
-            batch.samples.append((seq, seq))
-            if seq.num_pending_forks:
-                self._fork(batch, seq, num_tokens)
+        if seq.num_computed_tokens + num_tokens != seq.num_tokens:
+            return
+        if seq.pooled:
+            batch.pooled.append(seq)
+            return
+        batch.samples.append((seq, seq))
+        if seq.num_pending_forks:
+            self._fork(batch, seq, num_tokens)
 
     def _fork(self, batch: ScheduledBatch, parent: Sequence, num_tokens: int) -> None:
         """The one place n > 1 forks: the siblings share every block of the parent's table,
@@ -203,10 +208,13 @@ class Scheduler:
     # --- after the step -----------------------------------------------------------------
     def update(self, batch: ScheduledBatch, sampled_token_ids) -> list[Sequence]:
         """Bookkeeping after the forward pass. sampled_token_ids[i] is the token of
-        batch.samples[i]. Returns the sequences that got a token, in that order."""
+        batch.samples[i]. Returns the sequences that got a token, in that order. The
+        embedding sequences of batch.pooled finish (their blocks stay in the prefix cache)."""
         for seq, num_tokens in batch.scheduled:
             seq.num_computed_tokens += num_tokens
             self.block_manager.cache_full_blocks(seq)
+        for seq in batch.pooled:
+            self.finish(seq, "stop")
         now = time.monotonic()
         for (seq, _), token_id in zip(batch.samples, sampled_token_ids, strict=True):
             self._append_token(seq, int(token_id), now)

@@ -89,6 +89,9 @@ class Sequence:
     # unconstrained. It must have fork() -> an independent deep copy, called when the sequence
     # forks. Preemption keeps a sequence's tokens (recompute), so its constraint stays valid.
     constraint: object | None = None
+    # An embedding request's sequence (ember_cupy/engine/pooling.py): prefill only; the row of
+    # its last prompt token is pooled instead of sampled, and it finishes there.
+    pooled: bool = False
 
     def __post_init__(self):
         if not self.token_ids:

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from ember_cupy.engine.pooling import PoolingParams
 from ember_cupy.outputs import DeltaAccumulator, OutputKind, RequestOutput
 from ember_cupy.sampling_params import SamplingParams
 from ember_cupy.server.access_log import RequestUsage, current_usage
@@ -127,7 +128,7 @@ class _Tracker:
     """Per-request timing and token counts for the metrics and the HTTP access log."""
     __slots__ = ("arrival", "params", "usage", "last_token", "prompt_counted", "generated")
 
-    def __init__(self, arrival: float, params: SamplingParams, usage: RequestUsage | None):
+    def __init__(self, arrival: float, params: SamplingParams | PoolingParams, usage: RequestUsage | None):
         self.arrival = arrival
         self.params = params
         self.usage = usage          # the HTTP request's token counts (access_log), if any
@@ -142,7 +143,7 @@ class _Add:
     request_id: str
     prompt: str | list[int]
     prompt_token_ids: list[int] | None   # a string prompt's tokens (tokenized off the loop)
-    params: SamplingParams
+    params: SamplingParams | PoolingParams
     priority: int
     cache_salt: str | None
     arrival: float
@@ -278,7 +279,7 @@ class AsyncEngine:
         free = max(0, max_num_seqs - self._num_running) if max_num_seqs else 0
         return max(0, queued - free)
 
-    async def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, *,
+    async def add_request(self, prompt: str | list[int], params: SamplingParams | PoolingParams | None = None, *,
                           request_id: str | None = None, priority: int = 0,
                           cache_salt: str | None = None) -> RequestStream:
         """Queue a request; returns its stream once the engine has admitted it.
@@ -296,7 +297,7 @@ class AsyncEngine:
         if isinstance(prompt, str):
             token_ids = await self.off_loop(self.engine.tokenizer.encode, prompt)
             self._check_admission()   # again: it may have died, begun stopping or filled up meanwhile
-        if params.structured_outputs is not None:   # compiled off the loop: admission finds it cached
+        if getattr(params, "structured_outputs", None) is not None:   # compiled off the loop: admission finds it cached
             await self.off_loop(self.engine.grammars.compile, params.structured_outputs)
         stream = RequestStream(request_id, self)
         admitted = asyncio.get_running_loop().create_future()
@@ -441,7 +442,8 @@ class AsyncEngine:
             m.e2e_request_latency.observe(now - tracker.arrival)
             if output.metrics is not None:
                 m.request_timings(output.metrics)
-            m.request_params(tracker.params)
+            if isinstance(tracker.params, SamplingParams):
+                m.request_params(tracker.params)
             m.request_prompt_tokens.observe(len(output.prompt_token_ids))
             m.request_generation_tokens.observe(tracker.generated)
             m.request_finished(output.outputs[0].finish_reason if output.outputs else None)
