@@ -220,12 +220,13 @@ def test_dropped_stream_frees_the_replica(url):
         assert any(line.startswith("data: ") for line in got)
         busy = replicas()
         assert sum(s["num_running"] + s["num_waiting"] for s in busy.values()) == 1, busy
+    cancelled = sum(s["requests_cancelled"] for s in busy.values())
     deadline = time.monotonic() + 60
     while True:
         stats = replicas()
         idle = all(s["num_running"] == 0 and s["num_waiting"] == 0 and s["num_in_flight"] == 0
                    and s["num_free_blocks"] == s["kv_cache_blocks"] for s in stats.values())
-        if idle and len(stats) == 2:
+        if idle and len(stats) == 2 and sum(s["requests_cancelled"] for s in stats.values()) == cancelled + 1:
             break
         assert time.monotonic() < deadline, stats
         time.sleep(0.5)

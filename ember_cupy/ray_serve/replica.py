@@ -42,6 +42,7 @@ class EngineReplica:
                                   stream_stall_timeout=stream_stall_timeout)
         await self.engine.start()
         self.requests_admitted = 0
+        self.requests_cancelled = 0   # by their caller before finishing (a client that went away)
 
     async def generate(self, prompt, params: SamplingParams, *, request_id: str, priority: int = 0,
                        cache_salt: str | None = None, routing_key=None):
@@ -59,6 +60,8 @@ class EngineReplica:
             async for output in stream:
                 yield OUTPUT, output
         finally:
+            if not stream.finished:
+                self.requests_cancelled += 1
             stream.close()
 
     def info(self) -> dict:
@@ -76,7 +79,8 @@ class EngineReplica:
                 "num_in_flight": self.engine.num_in_flight,
                 "num_free_blocks": engine.block_manager.num_free_blocks,
                 "kv_cache_blocks": engine.block_manager.num_blocks,
-                "requests_admitted": self.requests_admitted, "replica_id": _replica_id(), "pid": os.getpid()}
+                "requests_admitted": self.requests_admitted, "requests_cancelled": self.requests_cancelled,
+                "replica_id": _replica_id(), "pid": os.getpid()}
 
     def metrics(self) -> bytes:
         return self.engine.metrics.render()
