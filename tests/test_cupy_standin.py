@@ -176,3 +176,33 @@ def test_standin_names_exist_in_real_cupy():
         assert hasattr(real.cuda, name), name
     for name in ["getDeviceCount", "getDevice", "memGetInfo", "getDeviceProperties", "driverGetVersion"]:
         assert hasattr(real.cuda.runtime, name), name
+
+
+def test_server_with_a_broken_cuda_toolchain_never_says_ready(tiny, monkeypatch):
+    """The start-up check runs while the engine loads: /health reports the NVRTC error (503) and
+    no request is ever admitted to an engine whose first kernel launch would fail."""
+    import json
+    import time
+    import urllib.error
+    import urllib.request
+
+    from ember_cupy.config import EngineConfig
+    from ember_cupy.engine.llm_engine import LLMEngine
+    from ember_cupy.server import AsyncEngine, BackgroundServer, ServerSettings
+
+    def broken(source, arch, options=_cuda.NVRTC_OPTIONS):
+        raise _cuda.KernelCompileError(f"NVRTC failed on {source}: cuda_fp16.h: No such file or directory")
+    with standin_cupy.installed():
+        monkeypatch.setattr(_cuda, "compile_cubin", broken)
+        engine = AsyncEngine(factory=lambda: LLMEngine(tiny, EngineConfig(**CONFIG)))
+        server = BackgroundServer(engine, ServerSettings(host="127.0.0.1", port=0)).start(wait_ready=False)
+        try:
+            deadline = time.monotonic() + 60
+            while engine.state.value != "dead" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with pytest.raises(urllib.error.HTTPError) as health:
+                urllib.request.urlopen(f"{server.url}/health", timeout=10)
+            assert health.value.code == 503
+            assert "cuda_fp16.h" in json.loads(health.value.read())["error"]["message"]
+        finally:
+            server.stop()
