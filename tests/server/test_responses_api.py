@@ -69,17 +69,23 @@ def test_instructions_and_message_items_make_the_prompt(client, base_url):
         {"role": "user", "content": "How are you?"}])
 
 
-def test_function_call_items_go_back_into_the_prompt(client, base_url):
+def test_function_call_items_make_the_chat_prompt(client):
+    """Items of a tool round trip give the prompt the same chat messages give /v1/chat/completions."""
     question = {"role": "user", "content": "Weather in Paris?"}
     call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
     result = {"type": "function_call_output", "call_id": "call_1", "output": '{"temperature_celsius": 21}'}
-    before = create(client, input=[question], tools=[WEATHER], tool_choice="none", max_output_tokens=1)
-    after = create(client, input=[question, call, result], tools=[WEATHER], tool_choice="none", max_output_tokens=1)
-    assert after.usage.input_tokens > before.usage.input_tokens + 15
-    assert after.output[0].type == "message"
+    response = create(client, input=[question, call, result], tools=[WEATHER], max_output_tokens=1)
+    chat = client.chat.completions.create(model=MODEL, max_tokens=1, messages=[
+        question, {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": result["output"]}],
+        tools=[{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}])
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    without_output = create(client, input=[question, call], tools=[WEATHER], max_output_tokens=1)
+    assert without_output.usage.input_tokens < response.usage.input_tokens - 10
 
 
-def test_streamed_events(client):
+def test_streamed_events(client, spec):
     events = list(create(client, input="Count: one, two,", max_output_tokens=5, stream=True))
     kinds = [e.type for e in events]
     assert kinds[:4] == TEXT_EVENTS[:4] and kinds[-4:-1] == TEXT_EVENTS[-3:]
@@ -91,6 +97,8 @@ def test_streamed_events(client):
     assert text and next(e for e in events if e.type == "response.output_text.done").text == text
     assert final.response.output_text == text and final.response.usage.output_tokens == 5
     assert events[0].response.status == "in_progress" and events[0].response.id == final.response.id
+    for event in (events[0], final):
+        check_documented(spec, event.response.model_dump(mode="json", exclude_unset=True))
 
 
 def test_a_finished_stream_ends_completed(client):
@@ -191,3 +199,20 @@ def test_the_store_is_bounded_in_count_age_and_size():
     assert store.get("huge") is None                                        # never fits
     now[0] = 11
     assert store.get("big") is None and len(store) == 0                     # age
+
+
+def test_every_documented_field_is_accepted(spec, base_url):
+    """One request with every field the spec documents for /v1/responses (ignored ones included)."""
+    body = {"model": MODEL, "input": [{"type": "message", "role": "user", "content": "Hi"}],
+            "instructions": "Be brief.", "store": False, "stream": False, "max_output_tokens": 2,
+            "temperature": 0.5, "top_p": 0.9, "text": {"format": {"type": "json_object"}, "verbosity": "low"},
+            "tools": [WEATHER], "tool_choice": "none", "parallel_tool_calls": False, "metadata": {"k": "v"},
+            "user": "u", "safety_identifier": "s", "prompt_cache_key": "k", "service_tier": "auto",
+            "truncation": "disabled", "reasoning": {}, "include": [], "background": False}
+    documented = spec["components"]["schemas"]["ResponsesRequest"]["properties"]
+    assert set(documented) == set(body) | {"previous_response_id"}
+    status, _, raw = http(base_url, "POST", "/v1/responses", body)
+    assert status == 200, raw
+    reply = json.loads(raw)
+    check_documented(spec, reply)
+    assert reply["metadata"] == {"k": "v"} and reply["store"] is False and reply["text"]["format"]["type"] == "json_object"
