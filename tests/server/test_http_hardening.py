@@ -174,7 +174,7 @@ def test_the_routes_left_public_by_api_key_are_documented(capsys):
     app = build_app(AsyncEngine(factory=lambda: None), ServerSettings(api_key="k"))
     routes = {r.canonical for r in app.router.resources()}
     public = {r for r in routes if not r.startswith(PROTECTED_PREFIXES)}
-    assert public == {"/health", "/metrics", "/version", "/openapi.json"}
+    assert public == {"/health", "/metrics", "/version", "/openapi.json", "/", "/docs"}
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["serve", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
