@@ -170,8 +170,9 @@ class EngineMetrics:
         runner = getattr(engine, "runner", None)
         caches = getattr(runner, "kv_caches", None)
         dtype = str(caches[0][0].dtype) if caches else "unknown"
-        self._cache_config_info.labels(self.model_name, ENGINE_INDEX, str(bm.block_size), str(bm.num_blocks),
-                                       dtype, str(bool(bm.enable_prefix_caching)).lower()).set(1)
+        prefix_caching = str(bool(getattr(bm, "enable_prefix_caching", False))).lower()
+        self._cache_config_info.labels(self.model_name, ENGINE_INDEX, str(getattr(bm, "block_size", "")),
+                                       str(bm.num_blocks), dtype, prefix_caching).set(1)
         self._cache_info_set = True
 
     def render(self) -> bytes:
