@@ -4,7 +4,9 @@
 - no 5xx, no timeout (a hang), no dropped connection;
 - the spec: a documented status code, content type, headers and a body matching its schema;
 - errors (>= 400) as OpenAI's JSON `{"error": {"message", "type", "param", "code"}}`;
-- a 200 event stream (stream=true) of well-formed chunks ending with one `data: [DONE]`;
+- a 200 event stream (stream=true) of well-formed events: chat / completion chunks ending with
+  one `data: [DONE]`; Responses API events numbered in order, ending with one terminal event,
+  each finished text equal to its deltas;
 
 and, after the last case, the engine idle with every KV block free (GET /metrics), and (for a
 server it spawned) no ERROR or traceback in the server's log.
@@ -12,10 +14,11 @@ server it spawned) no ERROR or traceback in the server's log.
     python tools/fuzz_http.py --cases 10000 --seed 1 --report fuzz.json           # spawns a server
     python tools/fuzz_http.py --url http://127.0.0.1:8000 --cases 2000            # a running one
 
-Most cases go to the generation operations (POST .../completions: --generation-share), split
+Most cases go to the generation operations (a POST whose body has max_tokens, max_completion_tokens
+or max_output_tokens: completions, chat, responses; --generation-share), split
 into schema-valid and schema-violating ones (--negative-share). Each case is made cheap before it
-is sent: max_tokens / max_completion_tokens at most 4 (set when absent or null: a chat request
-would otherwise generate up to the context length), n and best_of at most 2, at most 4 prompts.
+is sent: those limits at most 4 (set when absent or null: a chat request would otherwise
+generate up to the context length), n and best_of at most 2, at most 4 prompts.
 A fraction gets the served model's name (the rest keep a random one: 404) and stream=true, and
 half of the schema-valid ones an admissible prompt or conversation (--reach-share): most drawn
 prompts are refused (empty, a 'tool' message without content), and their sampling fields would
@@ -24,6 +27,7 @@ never reach the engine.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import shlex
@@ -56,7 +60,9 @@ from openai_shapes import error_body_problem, sse_data, stream_problem  # noqa: 
 from server_under_test import served, served_model, wait_idle  # noqa: E402
 
 DEFAULT_SERVER_ARGS = "--max-model-len 256 --kv-cache-memory 64MiB"
-CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "n": 2, "best_of": 2}
+# the fields that bound generated tokens, by API (completions; chat; responses)
+LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+CAPS = {**dict.fromkeys(LIMIT_FIELDS, 4), "n": 2, "best_of": 2}
 MAX_PROMPTS = 4
 # prompts and conversations the server admits, for the cases made to reach the engine
 ADMISSIBLE_PROMPTS = ["Hello", "The capital of France is", "1, 2, 3,", "def f(x):", "Über straße 🚀"]
@@ -73,8 +79,38 @@ SPEC_CHECKS = [not_a_server_error, status_code_conformance, content_type_conform
 
 # ---------------------------------------------------------------- which cases
 
+def _resolve(schema, root: dict):
+    while isinstance(schema, dict) and str(schema.get("$ref", "")).startswith("#/"):
+        node = root
+        for part in schema["$ref"][2:].split("/"):
+            node = node[part]
+        schema = node
+    return schema
+
+
+def _properties(schema, root: dict, depth: int = 0) -> set[str]:
+    schema = _resolve(schema, root)
+    if not isinstance(schema, dict) or depth > 8:
+        return set()
+    names = set(schema.get("properties", {}))
+    for key in ("allOf", "anyOf", "oneOf"):
+        for part in schema.get(key, []):
+            names |= _properties(part, root, depth + 1)
+    return names
+
+
+@functools.lru_cache(maxsize=None)
+def limit_fields(operation) -> tuple[str, ...]:
+    """The LIMIT_FIELDS its JSON request body declares."""
+    content = operation.definition.raw.get("requestBody", {}).get("content", {})
+    schemas = [media.get("schema", {}) for name, media in content.items() if "json" in name]
+    declared = set().union(*[_properties(s, operation.schema.raw_schema) for s in schemas])
+    return tuple(f for f in LIMIT_FIELDS if f in declared)
+
+
 def is_generation(operation) -> bool:
-    return operation.method.upper() == "POST" and operation.path.rstrip("/").endswith("completions")
+    """A POST whose body bounds the tokens generated (completions, chat, responses)."""
+    return operation.method.upper() == "POST" and bool(limit_fields(operation))
 
 
 def operations_of(spec: dict) -> list:
@@ -176,13 +212,15 @@ def _integral_floats_to_ints(value):
 
 def reach_engine(body: dict, rng: random.Random) -> None:
     """Make a schema-valid generation body admissible while keeping the sampling fields drawn:
-    an admissible prompt or conversation, and 1 for 1.0 (JSON Schema counts 1.0 as an integer;
+    an admissible prompt, conversation or input, and 1 for 1.0 (JSON Schema counts 1.0 as an integer;
     the server may not). Otherwise most such bodies stop at validation (an empty prompt, a
     'tool' message without content) and the engine never sees the fuzzed sampling fields."""
     if "prompt" in body:
         body["prompt"] = rng.choice(ADMISSIBLE_PROMPTS)
     if "messages" in body:
         body["messages"] = json.loads(json.dumps(rng.choice(ADMISSIBLE_CONVERSATIONS)))
+    if "input" in body:     # the Responses API
+        body["input"] = rng.choice(ADMISSIBLE_PROMPTS)
     body.update(_integral_floats_to_ints(body))
 
 
@@ -205,8 +243,9 @@ def make_cheap(case, rng: random.Random, model: str | None, args) -> None:
     for key, cap in CAPS.items():
         if key in body:
             body[key] = _capped(body[key], cap, rng)
-    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:   # null: the default
-        body["max_tokens"] = rng.randint(1, CAPS["max_tokens"])
+    limits = limit_fields(case.operation)
+    if all(body.get(f) is None for f in limits):   # absent or null: the default, up to the context length
+        body[limits[0]] = rng.randint(1, CAPS[limits[0]])
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and not all(isinstance(p, int) for p in prompt):
         body["prompt"] = prompt[:MAX_PROMPTS]
@@ -445,7 +484,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cases", type=int, default=1000, help="requests to send")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--generation-share", type=float, default=0.8,
-                   help="fraction of the cases for POST .../completions")
+                   help="fraction of the cases for the generation operations")
     p.add_argument("--negative-share", type=float, default=0.4,
                    help="fraction of each operation's cases that violate its schema")
     p.add_argument("--stream-share", type=float, default=0.3,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 DONE = "[DONE]"
+RESPONSES_TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 _SERVER_ERROR_TYPES = {"server_error", "internal_error", "internal_server_error"}
 
 
@@ -75,11 +76,8 @@ def event_problem(data: str) -> str | None:
     return None
 
 
-def stream_problem(text: str) -> str | None:
-    """A whole event stream: every event well-formed, the last one `[DONE]` and only the last."""
-    events = sse_data(text)
-    if not events:
-        return "empty event stream"
+def _completion_stream_problem(events: list[str]) -> str | None:
+    """Chat / completion chunks: every event well-formed, the last one `[DONE]` and only the last."""
     for data in events:
         problem = event_problem(data)
         if problem:
@@ -89,3 +87,43 @@ def stream_problem(text: str) -> str | None:
     if events.count(DONE) != 1:
         return f"event stream has {events.count(DONE)} {DONE} events"
     return None
+
+
+def _responses_stream_problem(events: list[dict]) -> str | None:
+    """Responses API events: typed, numbered 0, 1, 2, ...; one terminal event, the last; each
+    response.output_text.done text equal to its deltas joined."""
+    deltas: dict[tuple, str] = {}
+    for number, event in enumerate(events):
+        if not isinstance(event.get("type"), str):
+            return f"Responses stream event without a 'type': {json.dumps(event)[:120]}"
+        if "sequence_number" in event and event["sequence_number"] != number:
+            return f"Responses stream event {number} has sequence_number {event['sequence_number']}"
+        if event["type"] == "error" and not isinstance(event.get("message"), str):
+            return "Responses stream error event without a 'message'"
+        part = (event.get("item_id"), event.get("output_index"), event.get("content_index"))
+        if event["type"] == "response.output_text.delta":
+            deltas[part] = deltas.get(part, "") + str(event.get("delta", ""))
+        elif event["type"] == "response.output_text.done" and event.get("text") != deltas.get(part, ""):
+            return (f"response.output_text.done text {event.get('text')!r} differs from its deltas "
+                    f"joined {deltas.get(part, '')!r}")
+    terminal = [e["type"] for e in events if e["type"] in RESPONSES_TERMINAL]
+    if len(terminal) != 1 or events[-1]["type"] not in RESPONSES_TERMINAL:
+        return f"Responses stream should end with one of {sorted(RESPONSES_TERMINAL)}, has {terminal}"
+    return None
+
+
+def stream_problem(text: str) -> str | None:
+    """A whole event stream, in the chat / completion format or the Responses API's (typed
+    events, no [DONE])."""
+    events = sse_data(text)
+    if not events:
+        return "empty event stream"
+    parsed = []
+    for data in events:
+        try:
+            parsed.append(json.loads(data) if data != DONE else None)
+        except ValueError:
+            return f"stream event is not JSON: {data[:120]!r}"
+    if isinstance(parsed[0], dict) and "type" in parsed[0] and "choices" not in parsed[0]:
+        return _responses_stream_problem([e for e in parsed if e is not None])   # a [DONE] is harmless
+    return _completion_stream_problem(events)

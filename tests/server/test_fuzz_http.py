@@ -52,3 +52,23 @@ def test_fuzzer_passes_the_same_server_without_defects(tmp_path):
     with DefectiveServer(set()) as server:
         status, summary = _fuzz(tmp_path, "--url", server.url, "--cases", "80", "--seed", "2")
     assert (status, summary["failures"], summary["after_run_failures"]) == (0, [], [])
+
+
+def _responses_stream(done_text: str, terminal: str = "response.completed") -> str:
+    events = [{"type": "response.created"},
+              {"type": "response.output_text.delta", "item_id": "m", "output_index": 0, "content_index": 0,
+               "delta": "Hel"},
+              {"type": "response.output_text.delta", "item_id": "m", "output_index": 0, "content_index": 0,
+               "delta": "lo"},
+              {"type": "response.output_text.done", "item_id": "m", "output_index": 0, "content_index": 0,
+               "text": done_text},
+              {"type": terminal}]
+    return "".join(f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': i})}\n\n"
+                   for i, e in enumerate(events))
+
+
+def test_responses_stream_check():
+    from openai_shapes import stream_problem
+    assert stream_problem(_responses_stream("Hello")) is None
+    assert "differs from its deltas" in stream_problem(_responses_stream("ello"))
+    assert "should end with one of" in stream_problem(_responses_stream("Hello", terminal="response.output_item.done"))
