@@ -4,8 +4,9 @@ of the host kernel cpu/attention.c).
 Sequence s owns queries q[query_start_loc[s]:query_start_loc[s+1]], the last q_len tokens of
 its context of context_lens[s] tokens; query i sits at position context_len - q_len + i and
 attends keys 0..position, or with a sliding window of W > 0 only the W keys
-position-W+1..position (Mistral's and Gemma's local layers: HF's `sliding_window`). K/V are read only through block_tables[s] (padded rows may hold any
-block id; entries past the context are masked). Caches may hold float32 or float16 (a 16-bit
+position-W+1..position (Mistral's and Gemma's local layers: HF's `sliding_window`). K/V are read
+only through block_tables[s] (padded rows may hold any block id; entries past the context are
+masked). Caches may hold float32 or float16 (a 16-bit
 KV cache); scores, softmax and the output are computed in float32.
 
 Dispatch: CuPy arrays (or an installed kernel provider) -> cuda/attention.cu; NumPy arrays with
