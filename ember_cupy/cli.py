@@ -78,7 +78,8 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     _add(g, "--max-waiting", type=int, default=None,
          help="bound on requests waiting for a free sequence slot (beyond --max-num-seqs); past it: 503 + Retry-After")
     _add(g, "--dtype", choices=DTYPES, default="auto",
-         help="weights / KV dtype (auto: float32 on the CPU, float16 on CUDA; float16 is refused on the "
+         help="weights / KV dtype (auto: float32 on the CPU; on CUDA the checkpoint's float16 or bfloat16, "
+              "bfloat16 for GGUF and float32 checkpoints; float16 is refused on the "
               "CPU, which has no BLAS for it)")
     _add(g, "--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
          help="K/V cache storage (auto: float16 on the CPU with host kernels, halving KV memory and the "

@@ -89,7 +89,7 @@ class EngineConfig:
     policy: str = "fcfs"
     sjf_aging_steps: int = 64             # sjf: a request waiting this many steps jumps the queue
     max_waiting: int | None = None        # bound on queued requests; None = unbounded
-    dtype: str = "auto"                   # weights/KV dtype; auto = float32 on NumPy, float16 on CuPy
+    dtype: str = "auto"                   # weights/KV dtype; auto: float32 on NumPy, see resolve_dtype
     gpu_memory_utilization: float = 0.9   # CuPy: fraction of free device memory for weights + KV
     # Serving format of the weight matrices (ember_cupy/model/weights.py): auto = as stored
     # (GGUF blocks stay quantized), none = dequantized to float (the exact reference), q8_0.
