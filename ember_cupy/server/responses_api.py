@@ -52,7 +52,7 @@ class ResponsesServing:
             stream = await self.serving.engine.add_request(prompt, chat.params, request_id=run.id,
                                                            cache_salt=chat.cache_salt)
         except Exception as exc:   # noqa: BLE001 - every admission failure has an HTTP error
-            raise engine_error(exc) from None
+            raise _admission_error(exc, req) from None
         try:
             if req.stream:
                 response = await run.stream(request, stream)
@@ -73,6 +73,14 @@ class ResponsesServing:
                                 f"kept {self.store.ttl_seconds:.0f} s, at most {self.store.max_responses})",
                            param="previous_response_id", code="previous_response_not_found")
         return list(entry.messages)
+
+
+def _admission_error(exc: BaseException, req: ResponsesRequest) -> APIError:
+    """engine_error's, naming the field whose constraint failed to compile (a bad JSON schema)."""
+    error = engine_error(exc)
+    if error.param is None and error.message.startswith("structured_outputs"):
+        error.param = "text.format" if req.text is not None and req.text.format is not None else "tools"
+    return error
 
 
 def _responses_param(param: str | None) -> str | None:

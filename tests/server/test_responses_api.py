@@ -165,6 +165,10 @@ BAD = [
     ({"input": "Hi", "tool_choice": "required"}, "tool_choice", "invalid_value"),
     ({"input": "Hi", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice",
      "invalid_value"),
+    ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}},
+     "text.format", "invalid_value"),
+    ({"input": "Hi", "stream": True, "max_output_tokens": 0}, "max_output_tokens", "invalid_value"),
+    ({"input": "Hi", "background": True}, "background", "invalid_value"),
     ({"input": "Hi", "previous_response_id": "resp_missing"}, "previous_response_id",
      "previous_response_not_found"),
 ]
