@@ -11,6 +11,7 @@ from aiohttp import web
 import ember_cupy
 from ember_cupy.server.access_log import access_log_middleware
 from ember_cupy.server.async_engine import AsyncEngine, EngineState
+from ember_cupy.server.embeddings import EmbeddingsServing
 from ember_cupy.server.errors import APIError, bad_request
 from ember_cupy.server.metrics import CONTENT_TYPE_LATEST
 from ember_cupy.server.middleware import auth_middleware, cors_handlers, error_middleware
@@ -66,6 +67,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     app.router.add_post("/v1/completions", serving.completions)
     app.router.add_post("/v1/chat/completions", serving.chat)
     app.router.add_post("/v1/responses", ResponsesServing(serving).create)
+    app.router.add_post("/v1/embeddings", EmbeddingsServing(serving).embeddings)
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_get("/v1/models/{model}", handlers.model)
     app.router.add_get("/health", handlers.health)

@@ -6,6 +6,7 @@ import functools
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
+from ember_cupy.server.protocol import embeddings as E
 from ember_cupy.server.protocol import requests as Q
 from ember_cupy.server.protocol import responses as A
 from ember_cupy.server.protocol import responses_api as RA
@@ -21,6 +22,8 @@ ROUTES = [
      A.ChatCompletion, (400, 401, 404, 413, 415, 503)),
     ("post", "/v1/responses", "OpenAI Responses API (stream=true: typed response.* events)", RA.ResponsesRequest,
      RA.ResponseObject, (400, 401, 404, 413, 415, 503)),
+    ("post", "/v1/embeddings", f"Embeddings of the inputs. {E.POOLING_DESCRIPTION}", E.EmbeddingRequest,
+     E.EmbeddingResponse, (400, 401, 404, 413, 415, 503)),
     ("get", "/v1/models", "The served models", None, A.ModelList, (401,)),
     ("get", "/v1/models/{model}", "One served model", None, A.ModelCard, (401, 404)),
     ("get", "/health", "200 when the engine is ready", None, A.HealthResponse, (503,)),
