@@ -1,4 +1,4 @@
-"""GPU vs CPU shim vs NumPy twin for every kernel (runs only where CuPy has a device; tools/gpu_check.sh)."""
+"""GPU vs CPU shim vs NumPy twin for every kernel (runs only where CuPy has a device and g++ builds the shim; tools/gpu_check.py, which needs no compiler, compares with the NumPy twins alone)."""
 from __future__ import annotations
 
 import numpy as np
