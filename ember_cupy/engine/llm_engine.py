@@ -179,6 +179,12 @@ class LLMEngine:
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
 
+    @property
+    def num_slots_used(self) -> int:
+        """Sequence slots (of max_num_seqs) taken: running sequences and the forks of n > 1
+        that running parents will make when their prompt is computed."""
+        return self.scheduler.num_slots_used()
+
     # --- one step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()

@@ -181,7 +181,7 @@ class AsyncEngine:
         self._streams: dict[str, RequestStream] = {}
         self._trackers: dict[str, _Tracker] = {}
         self._num_waiting = 0    # snapshots of the scheduler's queues, taken between steps
-        self._num_running = 0
+        self._num_slots_used = 0   # running sequences + forks reserved by running parents (n > 1)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ember-step")
@@ -276,7 +276,7 @@ class AsyncEngine:
         those the next step cannot start. A burst into an idle server waits for nothing."""
         queued = self._num_waiting + sum(1 for op in self._ops if isinstance(op, _Add))
         max_num_seqs = getattr(getattr(self.engine, "config", None), "max_num_seqs", None)
-        free = max(0, max_num_seqs - self._num_running) if max_num_seqs else 0
+        free = max(0, max_num_seqs - self._num_slots_used) if max_num_seqs else 0
         return max(0, queued - free)
 
     async def add_request(self, prompt: str | list[int], params: SamplingParams | PoolingParams | None = None, *,
@@ -456,7 +456,7 @@ class AsyncEngine:
         if engine is None:
             return
         self._num_waiting = engine.num_waiting
-        self._num_running = engine.num_running
+        self._num_slots_used = getattr(engine, "num_slots_used", engine.num_running)
         if self.metrics:
             self.metrics.update_engine_state(engine)
             self.metrics.engine_ready.set(1 if self.state is EngineState.READY else 0)
