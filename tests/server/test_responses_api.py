@@ -132,6 +132,11 @@ def test_a_required_function_tool_gives_a_function_call_item(client, spec, strea
     assert response.status == "completed" and len(calls) == 1
     assert calls[0].name == "get_weather" and calls[0].call_id.startswith("call_")
     jsonschema.validate(json.loads(calls[0].arguments), WEATHER["parameters"])
+    # an agent's next turn: the call's output, on top of the stored conversation
+    result = {"type": "function_call_output", "call_id": calls[0].call_id, "output": '{"celsius": 21}'}
+    answer = create(client, input=[result], previous_response_id=response.id, tools=[WEATHER], max_output_tokens=1)
+    assert answer.output[0].type == "message"
+    assert answer.usage.input_tokens > response.usage.input_tokens + response.usage.output_tokens
 
 
 def test_previous_response_id_continues_the_conversation(client):
@@ -219,4 +224,5 @@ def test_every_documented_field_is_accepted(spec, base_url):
     assert status == 200, raw
     reply = json.loads(raw)
     check_documented(spec, reply)
-    assert reply["metadata"] == {"k": "v"} and reply["store"] is False and reply["text"]["format"]["type"] == "json_object"
+    assert reply["metadata"] == {"k": "v"} and reply["store"] is False
+    assert reply["text"]["format"]["type"] == "json_object"
