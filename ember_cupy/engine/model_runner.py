@@ -57,8 +57,16 @@ def device_kv_bytes(config: EngineConfig, model: ModelConfig, itemsize: int) -> 
     free, total = cupy.cuda.runtime.memGetInfo()
     row = model.hidden_size * 4 + (model.q_size + 2 * model.kv_size) + 2 * model.intermediate_size
     activations = 2 * config.max_num_batched_tokens * row * itemsize
-    logits = 2 * config.max_num_seqs * model.vocab_size * 4
-    return int(free - (1.0 - config.gpu_memory_utilization) * total - activations - logits)
+    return int(free - (1.0 - config.gpu_memory_utilization) * total - activations
+               - logits_workspace_bytes(config, model))
+
+
+def logits_workspace_bytes(config: EngineConfig, model: ModelConfig) -> int:
+    """The float32 logits one step may hold: every scheduled token can be a logits row (prompt
+    logprobs score each prompt position), so up to max_num_batched_tokens rows, and the sampler's
+    working copies of its rows, at most max_num_seqs (one per sequence) twice."""
+    rows = config.max_num_batched_tokens + 2 * config.max_num_seqs
+    return rows * model.vocab_size * 4
 
 
 def kv_block_bytes(model: ModelConfig, block_size: int, itemsize: int) -> int:
