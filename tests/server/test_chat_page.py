@@ -132,17 +132,75 @@ console.log(JSON.stringify({html: docs.render(spec)}));
     assert "<code>messages</code> *" in html      # the chat request's required field, from its schema
 
 
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _drive_browser(url: str, port: int, timeout: float = 120) -> tuple[dict, bytes]:
+    """Wait (DevTools protocol over aiohttp's websocket) until the page's reply has finished;
+    (the reply's DOM facts, a PNG screenshot)."""
+    import asyncio
+    import base64
+
+    import aiohttp
+    async with aiohttp.ClientSession() as session:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                async with session.get(f"http://127.0.0.1:{port}/json") as response:
+                    pages = [t for t in await response.json() if t["type"] == "page"]
+                if pages:
+                    break
+            except aiohttp.ClientError:
+                pass
+            assert time.monotonic() < deadline, "chromium's DevTools endpoint never came up"
+            await asyncio.sleep(0.2)
+        async with session.ws_connect(pages[0]["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+            ids = iter(range(1, 1 << 30))
+
+            async def call(method, **params):
+                call_id = next(ids)
+                await ws.send_json({"id": call_id, "method": method, "params": params})
+                while True:
+                    message = await ws.receive_json()
+                    if message.get("id") == call_id:
+                        return message["result"]
+
+            probe = """JSON.stringify((() => { const r = document.querySelector('.message.assistant');
+                return {state: r && r.dataset.state, text: r && r.querySelector('.text').textContent,
+                        users: document.querySelectorAll('.message.user').length,
+                        status: document.getElementById('status').textContent}; })())"""
+            while True:
+                result = await call("Runtime.evaluate", expression=probe, returnByValue=True)
+                loaded = "value" in result["result"]      # else the page is not there yet
+                facts = json.loads(result["result"]["value"]) if loaded else {"state": None}
+                if facts["state"] not in (None, "streaming") or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+            shot = await call("Page.captureScreenshot", format="png")
+            return facts, base64.b64decode(shot["data"])
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install chromium): "
                                              "the page is not loaded in a real browser here")
 def test_a_real_browser_finishes_a_streamed_reply(keyed, tmp_path):
+    import asyncio
     url = (f"{keyed}/?prompt=Say%20hello.&max_tokens=8&temperature=0&system=Be%20brief."
            f"&api_key={API_KEY}")
-    flags = [CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--virtual-time-budget=60000"]
-    dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=180).stdout
-    reply = re.search(r'<div class="message assistant" data-state="(\w+)"[^>]*>.*?<div class="text">(.*?)</div>',
-                      dom, re.S)
-    assert reply and reply.group(1) == "done" and reply.group(2).strip(), dom[-3000:]
-    shot = tmp_path / "chat.png"
-    subprocess.run([*flags, f"--screenshot={shot}", "--window-size=1000,700", url], capture_output=True,
-                   timeout=180)
-    assert shot.is_file() and shot.stat().st_size > 1000
+    port = _free_port()
+    browser = subprocess.Popen([CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run",
+                                f"--user-data-dir={tmp_path / 'profile'}", f"--remote-debugging-port={port}",
+                                "--window-size=1000,700", url],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        facts, png = asyncio.run(_drive_browser(url, port))
+    finally:
+        browser.terminate()
+        browser.wait(30)
+    assert facts["state"] == "done" and facts["text"].strip() and facts["users"] == 1, facts
+    assert facts["status"].startswith("done ("), facts
+    (tmp_path / "chat.png").write_bytes(png)
+    assert png.startswith(b"\x89PNG") and len(png) > 1000
