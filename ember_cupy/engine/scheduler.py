@@ -15,6 +15,9 @@ n > 1: a request is one sequence until its prompt is computed; when its last pro
 scheduled it forks its n - 1 siblings (_fork), which share its blocks and sample their first
 token from its logits. Every sequence, forked or about to fork, counts against max_num_seqs.
 
+Embedding requests (Sequence.pooled) are scheduled as any prompt, chunked alike; when their last
+prompt chunk runs they are in batch.pooled instead of batch.samples, and update() finishes them.
+
 Policies: fcfs (arrival order), priority (smaller priority first, then arrival), sjf (shortest
 job first: the prompt length, then the requested max_tokens, a request without max_tokens after
 any with one; a request that has waited sjf_aging_steps steps jumps ahead, in arrival order).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import uuid
 
 import numpy as np
 from aiohttp import web
@@ -57,8 +58,9 @@ class EmbeddingsServing:
 
     async def _admit(self, inputs: list) -> list[RequestStream]:
         """One engine request per input; on any refusal none is left running."""
-        results = await asyncio.gather(*[self.engine.add_request(item, PoolingParams())
-                                         for item in inputs], return_exceptions=True)
+        response_id = f"embd-{uuid.uuid4().hex}"
+        results = await asyncio.gather(*[self.engine.add_request(item, PoolingParams(), request_id=f"{response_id}-{i}")
+                                         for i, item in enumerate(inputs)], return_exceptions=True)
         streams = [r for r in results if isinstance(r, RequestStream)]
         errors = [(i, r) for i, r in enumerate(results) if not isinstance(r, RequestStream)]
         if not errors:
