@@ -11,6 +11,7 @@ from ember_cupy.engine.scheduler import ScheduledBatch
 from ember_cupy.engine.sequence import Sequence
 from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.llama import BatchMetadata, LlamaModel
+from ember_cupy.engine.step_buffers import StepBuffers
 from ember_cupy.engine.warmup import warm_up
 from ember_cupy.ops.cache import resolve_kv_cache_dtype
 
@@ -105,6 +106,7 @@ class ModelRunner:
         shape = (self.num_blocks, config.block_size, self.model_config.num_kv_heads, self.model_config.head_dim)
         self.kv_caches = [(xp.zeros(shape, kv_dtype), xp.zeros(shape, kv_dtype))
                           for _ in range(self.model_config.num_layers)]
+        self.step_buffers = StepBuffers(xp) if xp is not np else None
         if xp is not np:
             warm_up(self)
 
@@ -166,12 +168,16 @@ class ModelRunner:
         rows = self._logits_rows(scheduled, query_start_loc)
         prompt_indices = [r for _, _, seq_rows in rows.prompt for r in seq_rows]
         logits_indices = np.array(prompt_indices + rows.sampling_rows + rows.pooled_rows, dtype=np.int64)
-        xp = self.xp
+        if self.step_buffers is not None:   # the device: one copy into persistent buffers
+            ids, *fields = self.step_buffers.upload([input_ids, positions, slot_mapping, block_tables,
+                                                     context_lens, query_start_loc, logits_indices])
+            names = ("positions", "slot_mapping", "block_tables", "context_lens", "query_start_loc",
+                     "logits_indices")
+            return ids, BatchMetadata(**dict(zip(names, fields))), rows
         metadata = BatchMetadata(
-            positions=xp.asarray(positions), slot_mapping=xp.asarray(slot_mapping),
-            block_tables=xp.asarray(block_tables), context_lens=xp.asarray(context_lens),
-            query_start_loc=xp.asarray(query_start_loc), logits_indices=xp.asarray(logits_indices))
-        return xp.asarray(input_ids), metadata, rows
+            positions=positions, slot_mapping=slot_mapping, block_tables=block_tables,
+            context_lens=context_lens, query_start_loc=query_start_loc, logits_indices=logits_indices)
+        return input_ids, metadata, rows
 
     @staticmethod
     def _logits_rows(scheduled, query_start_loc) -> _LogitsRows:

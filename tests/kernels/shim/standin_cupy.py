@@ -139,6 +139,12 @@ class ndarray(NDArrayOperatorsMixin):  # noqa: N801 -- cupy's spelling
     def fill(self, value):
         self._a.fill(value)
 
+    def set(self, array, stream=None):
+        """Host -> device copy into this array (shapes must match, as in CuPy)."""
+        if array.shape != self._a.shape:
+            raise ValueError(f"Shape mismatch. Old shape: {self._a.shape}, new shape: {array.shape}")
+        self._a[...] = array
+
     def _reduce(self, name, *args, **kwargs):
         if self._a.size == 0 and name in ("argmax", "argmin", "max", "min"):
             raise ValueError(f"zero-size array to reduction operation cupy_{name} which has no identity")
@@ -311,6 +317,7 @@ def _modules() -> dict[str, types.ModuleType]:
     cuda = types.ModuleType("cupy.cuda")
     cuda.Device, cuda.Event, cuda.get_elapsed_time = Device, Event, get_elapsed_time
     cuda.runtime = _runtime_module()
+    cuda.alloc_pinned_memory = lambda nbytes: bytearray(nbytes)   # a writable buffer, as PinnedMemoryPointer
     cuda.is_available = lambda: True
     core = types.ModuleType("cupy._core")
     core.set_compute_type = lambda dtype, compute_type: compute_types.__setitem__(np.dtype(dtype).name,
