@@ -22,6 +22,7 @@ ROUTES = [
      A.ChatCompletion, (400, 401, 404, 413, 415, 503)),
     ("post", "/v1/responses", "OpenAI Responses API (stream=true: typed response.* events)", RA.ResponsesRequest,
      RA.ResponseObject, (400, 401, 404, 413, 415, 503)),
+    ("get", "/v1/responses/{response_id}", "A stored response", None, RA.ResponseObject, (401, 404)),
     ("post", "/v1/embeddings", f"Embeddings of the inputs. {E.POOLING_DESCRIPTION}", E.EmbeddingRequest,
      E.EmbeddingResponse, (400, 401, 404, 413, 415, 503)),
     ("get", "/v1/models", "The served models", None, A.ModelList, (401,)),

@@ -64,13 +64,24 @@ class ResponsesServing:
             self.store.put(run.body, messages + run.assistant_messages())
         return response
 
+    async def retrieve(self, request: web.Request) -> web.Response:
+        """GET /v1/responses/{response_id}: a stored response as it was sent."""
+        response_id = request.match_info["response_id"]
+        entry = self.store.get(response_id)
+        if entry is None:
+            raise APIError(404, f"no stored response with id '{response_id}' ({self._kept()})",
+                           param="response_id", code="response_not_found")
+        return web.json_response(entry.body)
+
+    def _kept(self) -> str:
+        return f"responses are kept {self.store.ttl_seconds:.0f} s, at most {self.store.max_responses}"
+
     def _history(self, previous_response_id: str | None) -> list[dict]:
         if previous_response_id is None:
             return []
         entry = self.store.get(previous_response_id)
         if entry is None:
-            raise APIError(400, f"Previous response with id '{previous_response_id}' not found (responses are "
-                                f"kept {self.store.ttl_seconds:.0f} s, at most {self.store.max_responses})",
+            raise APIError(400, f"Previous response with id '{previous_response_id}' not found ({self._kept()})",
                            param="previous_response_id", code="previous_response_not_found")
         return list(entry.messages)
 

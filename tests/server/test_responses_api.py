@@ -148,6 +148,7 @@ def test_previous_response_id_continues_the_conversation(client):
     assert second.usage.input_tokens >= alone.usage.input_tokens + first.usage.output_tokens + 4
     third = create(client, input="And again?", previous_response_id=second.id, max_output_tokens=1)
     assert third.usage.input_tokens > second.usage.input_tokens
+    assert client.responses.retrieve(first.id).model_dump() == first.model_dump()
 
 
 def test_store_false_is_not_kept(client):
@@ -156,6 +157,9 @@ def test_store_false_is_not_kept(client):
     with pytest.raises(openai.BadRequestError) as caught:
         create(client, input="Hi", previous_response_id=unstored.id)
     assert caught.value.body["code"] == "previous_response_not_found"
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.responses.retrieve(unstored.id)
+    assert caught.value.body["code"] == "response_not_found"
 
 
 BAD = [
