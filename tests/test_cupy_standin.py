@@ -206,3 +206,22 @@ def test_server_with_a_broken_cuda_toolchain_never_says_ready(tiny, monkeypatch)
             assert "cuda_fp16.h" in json.loads(health.value.read())["error"]["message"]
         finally:
             server.stop()
+
+
+def test_step_metadata_travels_in_one_persistent_buffer():
+    """StepBuffers: int32 device views with the host arrays' values and shapes; one device buffer
+    reused while it fits, grown when a step needs more."""
+    from ember_cupy.engine.step_buffers import StepBuffers
+    with standin_cupy.installed() as cupy:
+        buffers = StepBuffers(cupy)
+        small = [np.arange(5, dtype=np.int64), np.arange(6, dtype=np.int32).reshape(2, 3)]
+        views = buffers.upload(small)
+        first_buffer = buffers._device
+        assert all(isinstance(v, cupy.ndarray) and v.dtype == np.int32 for v in views)
+        assert [v.get().tolist() for v in views] == [a.tolist() for a in small]
+        again = buffers.upload([np.full(7, 9)])
+        assert buffers._device is first_buffer and again[0].get().tolist() == [9] * 7
+        big = [np.arange(3000), np.arange(4).reshape(2, 2)]
+        views = buffers.upload(big)
+        assert buffers._device is not first_buffer and buffers._device.size >= 3004
+        assert [v.get().tolist() for v in views] == [a.tolist() for a in big]
