@@ -204,3 +204,17 @@ def test_a_real_browser_finishes_a_streamed_reply(keyed, tmp_path):
     assert facts["status"].startswith("done ("), facts
     (tmp_path / "chat.png").write_bytes(png)
     assert png.startswith(b"\x89PNG") and len(png) > 1000
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install chromium): "
+                                             "/docs is not loaded in a real browser here")
+def test_a_real_browser_renders_the_docs(keyed, tmp_path):
+    spec = json.loads(http(keyed, "GET", "/openapi.json")[2])
+    operations = sum(1 for item in spec["paths"].values() for method in item
+                     if method in ("get", "post", "put", "delete", "patch"))
+    dom = subprocess.run([CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=20000",
+                          "--dump-dom", keyed + "/docs"], capture_output=True, text=True, timeout=120).stdout
+    rendered = re.findall(r'<div class="op" id="(?:get|post|put|delete|patch) /', dom)   # not the JS source
+    assert len(rendered) == operations > 0, dom[-2000:]
+    assert f"{spec['info']['title']} {spec['info']['version']}" in dom
