@@ -183,6 +183,9 @@ def test_greedy_results_equal_the_plain_server(url, checkpoint):
             assert ours["choices"] == theirs["choices"] and ours["usage"] == theirs["usage"]
         assert stream_chat(url, chat_body)[0] == stream_chat(plain.url, chat_body)[0] \
             == theirs["choices"][0]["message"]["content"]
+        embed = {"model": MODEL, "input": ["Paris is in France.", "Stars are far away."]}
+        ours, theirs = post(url, "/v1/embeddings", embed).json(), post(plain.url, "/v1/embeddings", embed).json()
+        assert ours["data"] == theirs["data"] and ours["usage"] == theirs["usage"]
     finally:
         plain.stop()
 

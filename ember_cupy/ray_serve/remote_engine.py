@@ -77,7 +77,7 @@ class RemoteEngine:
         self.admission_retries = admission_retries   # on a replica that died before admitting
         self.state = EngineState.NEW
         self.error: str | None = None
-        self.engine = None        # a view of a replica's engine: config, runner (/version, policy)
+        self.engine = None        # a view of a replica's engine: config, model_config, runner
         self.tokenizer = None
         self.max_model_len = None
         self.keys: RoutingKeys | None = None
@@ -94,7 +94,7 @@ class RemoteEngine:
         except Exception as exc:
             self.state, self.error = EngineState.DEAD, f"starting the ingress failed: {exc}"
             raise
-        self.engine = SimpleNamespace(config=info["config"], runner=SimpleNamespace(
+        self.engine = SimpleNamespace(config=info["config"], model_config=info["model_config"], runner=SimpleNamespace(
             quantization=info["quantization"], num_blocks=info["kv_cache_blocks"],
             model=SimpleNamespace(weight_bytes=lambda: info["weight_bytes"])))
         self.max_model_len = info["max_model_len"]

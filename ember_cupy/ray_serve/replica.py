@@ -68,7 +68,8 @@ class EngineReplica:
         """The engine's shape and state: the ingress's view of the engine, tests' probe."""
         engine = self.engine.engine
         runner = engine.runner
-        return {"config": engine.config, "max_model_len": self.engine.max_model_len,
+        return {"config": engine.config, "model_config": engine.model_config,
+                "max_model_len": self.engine.max_model_len,
                 "quantization": runner.quantization, "weight_bytes": runner.model.weight_bytes(),
                 **self.record_routing_stats()}
 
