@@ -4,12 +4,12 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import (
+    BeforeValidator,
     BaseModel,
     ConfigDict,
-    PlainValidator,
-    TypeAdapter,
     ValidationError,
     ValidationInfo,
+    WrapValidator,
     model_validator,
 )
 
@@ -19,7 +19,8 @@ NULL_IS_ABSENT = "A null value for any field means the same as leaving the field
 class ProtocolModel(BaseModel):
     """A JSON object of the OpenAI protocol.
 
-    strict: JSON types are not coerced ("5" is no integer, "yes" no boolean, 2.0 no integer);
+    strict: JSON types are not coerced ("5" is no integer, "yes" no boolean); integer fields are
+    `Integer`, which takes an integral number such as 1.0 as JSON Schema and vLLM do;
     extra="forbid": an unknown field is an error naming it, as OpenAI answers;
     a field sent as null is treated as not sent (clients send `"stop": null` for "no stop").
     """
@@ -33,9 +34,25 @@ class ProtocolModel(BaseModel):
         return data
 
 
+def integral_float_as_int(value: Any) -> Any:
+    """1.0 -> 1 (JSON Schema counts 1.0 as an integer); 1.5, "1" and true stay for strict int
+    to refuse."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Integer = Annotated[int, BeforeValidator(integral_float_as_int)]
+
+
 class ResponseModel(BaseModel):
     """A JSON object the server sends: documents (and in tests checks) the response shapes."""
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def present(field: str) -> dict:
+    """JSON Schema for "the object has `field`, not null" (null counts as absent here)."""
+    return {"required": [field], "properties": {field: {"not": {"type": "null"}}}}
 
 
 def vocab_size(info: ValidationInfo) -> int | None:
@@ -55,18 +72,16 @@ def check_token_ids(ids, info: ValidationInfo, what: str) -> None:
 def one_of(description: str, *types):
     """A field that is any one of `types` (e.g. a string or an array of strings), with ONE error
     message naming the field when it is none of them. (pydantic's own unions report one error
-    per alternative, under locations that name the alternatives' types, not JSON paths.)"""
-    adapters = [TypeAdapter(t) for t in types]
-
-    def validate(value):
-        for adapter in adapters:
-            try:
-                return adapter.validate_python(value, strict=True)
-            except ValidationError:
-                continue
-        raise ValueError(f"must be {description}")
+    per alternative, under locations that name the alternatives' types, not JSON paths.)
+    The union itself stays the field's schema, so serialization and the JSON Schema know each
+    alternative (a plain validator would leave the serializer guessing: warnings on dump)."""
+    def validate(value, handler):
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError(f"must be {description}") from None
 
     union = types[0]
     for t in types[1:]:
         union = union | t
-    return Annotated[union, PlainValidator(validate, json_schema_input_type=union)]
+    return Annotated[union, WrapValidator(validate)]

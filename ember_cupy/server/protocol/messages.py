@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from ember_cupy.server.protocol.base import ProtocolModel, one_of
+from ember_cupy.server.protocol.base import ProtocolModel, one_of, present
 from ember_cupy.server.protocol.tools import ToolCall
 
 
@@ -21,7 +21,15 @@ MessageContent = one_of("a string or an array of text parts ({\"type\": \"text\"
 class ChatMessage(ProtocolModel):
     """One message. `tool_calls` only on assistant messages (whose content may then be left out),
     `tool_call_id` on tool messages and only there."""
-    model_config = ConfigDict(json_schema_extra={"examples": [{"role": "user", "content": "Hello!"}]})
+    model_config = ConfigDict(json_schema_extra={
+        "examples": [{"role": "user", "content": "Hello!"}],
+        # the role rules of _fields_fit_the_role, for clients that validate against the spec
+        "allOf": [
+            {"if": {"not": {"properties": {"role": {"const": "assistant"}}}}, "then": present("content")},
+            {"if": present("tool_calls"), "then": {"properties": {"role": {"const": "assistant"}}}},
+            {"if": {"properties": {"role": {"const": "tool"}}}, "then": present("tool_call_id"),
+             "else": {"not": present("tool_call_id")}},
+        ]})
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: MessageContent | None = None

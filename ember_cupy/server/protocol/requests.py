@@ -22,7 +22,13 @@ from ember_cupy.sampling_params import (
     MAX_STOP_STRINGS,
     MIN_REPETITION_PENALTY,
 )
-from ember_cupy.server.protocol.base import NULL_IS_ABSENT, ProtocolModel, check_token_ids
+from ember_cupy.server.protocol.base import (
+    NULL_IS_ABSENT,
+    Integer,
+    ProtocolModel,
+    integral_float_as_int,
+    check_token_ids,
+)
 from ember_cupy.server.protocol.messages import MESSAGES_FIELD, Messages
 from ember_cupy.server.protocol.tools import ResponseFormat, StructuredOutputs, Tool, ToolChoice
 
@@ -31,10 +37,11 @@ SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 IGNORED = "Accepted and ignored: it changes nothing on this server."
 
-TokenId = Annotated[int, Field(ge=0)]
+TokenId = Annotated[int, Field(ge=0), BeforeValidator(integral_float_as_int)]
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_LENGTH)]
 StopList = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
-LogitBias = dict[Annotated[str, StringConstraints(pattern=r"^[0-9]+$")], Annotated[float, Field(ge=-100, le=100)]]
+TOKEN_ID_KEY = r"^[0-9]+$"
+LogitBias = dict[Annotated[str, StringConstraints(pattern=TOKEN_ID_KEY)], Annotated[float, Field(ge=-100, le=100)]]
 
 
 def _requires_true(**fields: str) -> dict:
@@ -64,23 +71,25 @@ class SamplingFields(ProtocolModel):
                          examples=[True])
     stream_options: StreamOptions | None = Field(None, description="Only with stream=true.",
                                                  examples=[{"include_usage": True}])
-    n: int = Field(1, ge=1, le=MAX_N, description="Choices per prompt.")
-    best_of: int | None = Field(None, ge=1, description="Only equal to `n` is supported.",
-                                examples=[1])
+    n: Integer = Field(1, ge=1, le=MAX_N, description="Choices per prompt.")
+    best_of: Integer | None = Field(None, ge=1, description="Must equal `n` (default 1): generating more candidates "
+                                "than are returned is not supported, any other value is a 400 "
+                                "`unsupported_parameter` (as in vLLM's V1 engine).", examples=[1])
     temperature: float = Field(1.0, ge=0, le=100, description="0 = greedy.")
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=-1, description="0 or -1 = no top-k (vLLM).")
+    top_k: Integer = Field(0, ge=-1, description="0 or -1 = no top-k (vLLM).")
     min_p: float = Field(0.0, ge=0, le=1)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY,
                                       description="vLLM's multiplicative penalty; 1 = none.")
     logit_bias: LogitBias | None = Field(None, description="Token id (as a string) -> bias added to its logit.",
-                                         examples=[{"42": -5.0}])
-    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX, examples=[1234])
-    max_tokens: int | None = Field(None, ge=1, description="Tokens to generate at most; by default until "
+                                         examples=[{"42": -5.0}],
+                                         json_schema_extra={"propertyNames": {"pattern": TOKEN_ID_KEY}})
+    seed: Integer | None = Field(None, ge=SEED_MIN, le=SEED_MAX, examples=[1234])
+    max_tokens: Integer | None = Field(None, ge=1, description="Tokens to generate at most; by default until "
                                                            "the context is full.", examples=[4])
-    min_tokens: int = Field(0, ge=0, description="Tokens to generate before EOS or a stop may end it.",
+    min_tokens: Integer = Field(0, ge=0, description="Tokens to generate before EOS or a stop may end it.",
                             examples=[1])
     stop: Annotated[StopList, BeforeValidator(_stop_as_list, json_schema_input_type=StopString | StopList)] = Field(
         default_factory=list, description="Strings that end the text (not included in it).", examples=[["\n\n"]])
@@ -88,11 +97,11 @@ class SamplingFields(ProtocolModel):
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    priority: int = Field(0, ge=INT32_MIN, le=INT32_MAX,
+    priority: Integer = Field(0, ge=INT32_MIN, le=INT32_MAX,
                           description="Lower runs first; only with the server's priority policy.", examples=[0])
     cache_salt: str | None = Field(None, min_length=1, description="Prefix-cache isolation key (vLLM).",
                                    examples=["tenant-a"])
-    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
+    prompt_logprobs: Integer | None = Field(None, ge=0, le=MAX_LOGPROBS,
                                         description="Top-k logprobs of every prompt token (vLLM).", examples=[1])
     structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's output constraints.")
     user: str | None = Field(None, description=IGNORED, examples=["user-1"])
@@ -115,6 +124,7 @@ class SamplingFields(ProtocolModel):
 
 def _prompts(value, info: ValidationInfo) -> list:
     """The prompt(s) of a completions request as a list: each a string or a list of token ids."""
+    value = _integral_ids(value)
     if isinstance(value, str) or isinstance(value, list) and value and all(_is_int(t) for t in value):
         prompts = [value]
     elif isinstance(value, list) and value and (all(isinstance(p, str) for p in value) or all(
@@ -139,8 +149,18 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _integral_ids(value):
+    """Token ids sent as integral numbers (1.0) as ints, in a list or a list of lists."""
+    if not isinstance(value, list):
+        return value
+    return [_integral_ids(v) if isinstance(v, list) else integral_float_as_int(v) for v in value]
+
+
+NonEmptyText = Annotated[str, StringConstraints(min_length=1)]
+NonEmptyIds = Annotated[list[TokenId], Field(min_length=1)]
 Prompt = Annotated[list, PlainValidator(_prompts, json_schema_input_type=(
-    str | list[str] | list[TokenId] | list[list[TokenId]]))]
+    NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1, max_length=MAX_PROMPTS)] | NonEmptyIds
+    | Annotated[list[NonEmptyIds], Field(min_length=1, max_length=MAX_PROMPTS)]))]
 
 
 class CompletionRequest(SamplingFields):
@@ -150,9 +170,9 @@ class CompletionRequest(SamplingFields):
 
     prompt: Prompt = Field(description=f"A prompt, or up to {MAX_PROMPTS} prompts (n choices each): text or "
                                        "token ids.", examples=["The capital of France is"])
-    max_tokens: int = Field(16, ge=1, description="Tokens to generate at most.", examples=[4])
+    max_tokens: Integer = Field(16, ge=1, description="Tokens to generate at most.", examples=[4])
     echo: bool = Field(False, description="Put the prompt before the text.", examples=[True])
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Top-k logprobs per token.",
+    logprobs: Integer | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Top-k logprobs per token.",
                                  examples=[1])
     suffix: None = Field(None, description="Not supported (text after an insertion point).")
 
@@ -163,10 +183,10 @@ class ChatCompletionRequest(SamplingFields):
         stream_options="stream", top_logprobs="logprobs")})
 
     messages: Messages = MESSAGES_FIELD
-    max_completion_tokens: int | None = Field(None, ge=1, description="OpenAI's new name of max_tokens; wins "
+    max_completion_tokens: Integer | None = Field(None, ge=1, description="OpenAI's new name of max_tokens; wins "
                                                                       "over it.", examples=[4])
     logprobs: bool = Field(False, description="Logprobs of the generated tokens.", examples=[True])
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Only with logprobs=true.",
+    top_logprobs: Integer | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Only with logprobs=true.",
                                      examples=[2])
     response_format: ResponseFormat | None = Field(None, examples=[{"type": "text"}])
     tools: list[Tool] | None = Field(None, description="Functions the model may call.")

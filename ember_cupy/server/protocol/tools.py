@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from ember_cupy.server.protocol.base import ProtocolModel, one_of
+from ember_cupy.server.protocol.base import ProtocolModel, one_of, present
 
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"   # OpenAI's rule for function and schema names
 
@@ -63,9 +63,13 @@ class ResponseFormat(ProtocolModel):
 JsonSchemaSpec = one_of("a JSON Schema object or its JSON text", dict[str, Any], str)
 
 
+CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar")
+
+
 class StructuredOutputs(ProtocolModel):
     """vLLM's `structured_outputs`: exactly one constraint on the generated text."""
-    model_config = ConfigDict(json_schema_extra={"examples": [{"regex": "[0-9]+"}, {"choice": ["yes", "no"]}]})
+    model_config = ConfigDict(json_schema_extra={"examples": [{"regex": "[0-9]+"}, {"choice": ["yes", "no"]}],
+                                                 "oneOf": [present(kind) for kind in CONSTRAINT_KINDS]})
     json_: JsonSchemaSpec | None = Field(
         None, alias="json", examples=[{"type": "object", "properties": {"n": {"type": "integer"}}}])
     regex: str | None = Field(None, examples=["[0-9]+"])
@@ -75,7 +79,7 @@ class StructuredOutputs(ProtocolModel):
 
     @model_validator(mode="after")
     def _exactly_one(self):
-        given = [name for name in ("json_", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        given = [kind for kind in CONSTRAINT_KINDS if getattr(self, "json_" if kind == "json" else kind) is not None]
         if len(given) != 1:
             raise ValueError("give exactly one of 'json', 'regex', 'choice' and 'grammar'")
         return self
