@@ -128,8 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--port", type=int, default=8000)
     _add(g, "--served-model-name", nargs="+", default=None, help="model name(s) clients use")
     _add(g, "--api-key", default=None,
-         help="require 'Authorization: Bearer <key>' (scheme in any case) on /v1/*, /tokenize and /detokenize; "
-              "/health, /metrics, /version, /openapi.json and the pages / (chat) and /docs stay public")
+         help="require 'Authorization: Bearer <key>' (scheme in any case) on /v1/*, /tokenize, /detokenize and "
+              "/tokenizer_info; /health, /metrics, /version, /openapi.json and the pages / (chat) and /docs "
+              "stay public")
     _add(g, "--allowed-origins", nargs="+", default=[], help="CORS origins ('*' for any); off when unset")
     _add(g, "--max-request-body-bytes", type=parse_size, default=4 << 20, help="larger bodies get 413")
     _add(g, "--read-timeout", type=float, default=30.0,

@@ -6,6 +6,7 @@ import functools
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
+from ember_cupy.server.middleware import PROTECTED_PREFIXES
 from ember_cupy.server.protocol import embeddings as E
 from ember_cupy.server.protocol import requests as Q
 from ember_cupy.server.protocol import responses as A
@@ -15,7 +16,8 @@ REF = "#/components/schemas/{model}"
 ERRORS = {400: "Bad request: `param` names the field", 401: "Missing or wrong API key",
           404: "Unknown model", 413: "Body too large", 415: "Content-Type is not application/json",
           503: "Loading, dead, or overloaded (Retry-After)"}
-# method, path, summary, request model, response model (None: not JSON), error statuses
+HTML, TEXT = "text/html", "text/plain"   # the responses that are no JSON: their media type
+# method, path, summary, request model, response model (or a media type), error statuses
 ROUTES = [
     ("post", "/v1/completions", "Text completion", Q.CompletionRequest, A.Completion, (400, 401, 404, 413, 415, 503)),
     ("post", "/v1/chat/completions", "Chat completion with the model's chat template", Q.ChatCompletionRequest,
@@ -28,7 +30,8 @@ ROUTES = [
     ("get", "/v1/models", "The served models", None, A.ModelList, (401,)),
     ("get", "/v1/models/{model}", "One served model", None, A.ModelCard, (401, 404)),
     ("get", "/health", "200 when the engine is ready", None, A.HealthResponse, (503,)),
-    ("get", "/metrics", "Prometheus metrics (ember:* names)", None, None, ()),
+    ("get", "/metrics", "Prometheus metrics: ember:* series, and vllm:* series named and labelled as vLLM's "
+     "(for its dashboards)", None, TEXT, ()),
     ("get", "/version", "Server version and runtime", None, dict, ()),
     ("post", "/tokenize", "Text or chat messages to token ids", Q.TokenizeRequest, A.TokenizeResponse,
      (400, 401, 404, 503)),
@@ -36,6 +39,8 @@ ROUTES = [
     ("get", "/tokenizer_info", "The tokenizer's special tokens and chat template", None, A.TokenizerInfoResponse,
      (401, 503)),
     ("get", "/openapi.json", "This document", None, dict, ()),
+    ("get", "/", "The chat page: a browser UI that streams /v1/chat/completions", None, HTML, ()),
+    ("get", "/docs", "This document as a browsable API reference", None, HTML, ()),
 ]
 STREAMED = {A.Completion: A.Completion, A.ChatCompletion: A.ChatCompletionChunk}
 
@@ -71,10 +76,10 @@ def _ref(model) -> dict:
     return {"$ref": REF.format(model=model.__name__)} if model is not dict else {"type": "object"}
 
 
-def _operation(summary: str, request, response, errors) -> dict:
+def _operation(path: str, summary: str, request, response, errors) -> dict:
     ok = {"description": "OK"}
-    if response is None:
-        ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
+    if isinstance(response, str):
+        ok["content"] = {response: {"schema": {"type": "string"}}}
     elif response in STREAMED:
         ok["description"] = ("The result, or with stream=true a text/event-stream of "
                              f"{STREAMED[response].__name__} chunks ending with `data: [DONE]`")
@@ -83,6 +88,8 @@ def _operation(summary: str, request, response, errors) -> dict:
         ok.update(_json(_ref(response)))
     operation = {"summary": summary, "responses": {
         "200": ok, **{str(s): {"description": ERRORS[s], **_json(_ref(A.ErrorResponse))} for s in errors}}}
+    if path.startswith(PROTECTED_PREFIXES):   # a bearer key when the server runs with --api-key
+        operation["security"] = [{"bearer": []}, {}]
     if request is not None:
         operation["requestBody"] = {"required": True, **_json(_ref(request))}
     return operation
@@ -91,12 +98,15 @@ def _operation(summary: str, request, response, errors) -> dict:
 def openapi_spec(version: str) -> dict:
     paths: dict = {}
     for method, path, summary, request, response, errors in ROUTES:
-        paths.setdefault(path, {})[method] = _operation(summary, request, response, errors)
+        paths.setdefault(path, {})[method] = _operation(path, summary, request, response, errors)
     return {
         "openapi": "3.1.0",
         "info": {"title": "ember-cupy", "version": version,
                  "description": "OpenAI-compatible LLM inference server"},
         "components": {"schemas": component_schemas(),
-                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+                       "securitySchemes": {"bearer": {
+                           "type": "http", "scheme": "bearer",
+                           "description": "Required by the operations that list it when the server runs "
+                                          "with --api-key; the others are always public."}}},
         "paths": paths,
     }

@@ -5,6 +5,10 @@ description says it and the error names the field."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -98,3 +102,47 @@ def test_text_parts_are_serialized_without_warnings(base_url):
     assert status == 200, raw[:300]
     assert tokenized[0] == 200, tokenized[2][:300]
     assert [str(w.message) for w in caught if issubclass(w.category, UserWarning)] == []
+
+
+def test_the_pages_and_the_metrics_are_documented(spec, base_url):
+    for path in ("/", "/docs"):
+        content = spec["paths"][path]["get"]["responses"]["200"]["content"]
+        assert list(content) == ["text/html"]
+        status, headers, _ = http(base_url, "GET", path)
+        assert status == 200 and headers["Content-Type"].startswith("text/html")
+    assert {"ember:*", "vllm:*"} <= set(spec["paths"]["/metrics"]["get"]["summary"].split())
+    names = {line.split("{")[0].split()[0] for line in http(base_url, "GET", "/metrics")[2].decode().splitlines()
+             if line and not line.startswith("#")}
+    assert {name.split(":")[0] for name in names} == {"ember", "vllm"}
+
+
+def _unauthenticated(url: str, method: str, path: str) -> int:
+    path = path.replace("{model}", MODEL).replace("{response_id}", "resp_unknown")
+    return http(url, method.upper(), path, {} if method == "post" else None)[0]
+
+
+def _serve_help() -> str:
+    done = subprocess.run([sys.executable, "-m", "ember_cupy.cli", "serve", "--help"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "COLUMNS": "1000"})
+    assert done.returncode == 0, done.stderr
+    return " ".join(done.stdout.split())
+
+
+def _routes_named(text: str) -> set[str]:
+    return set(re.findall(r"(?<![\w/])/[\w.*/-]*", text))
+
+
+def test_the_api_key_guards_exactly_the_operations_the_spec_and_the_help_name(spec, start_server):
+    keyed = start_server(settings={"api_key": "sekret"}).url
+    api_key_help = _serve_help().rsplit("--api-key API_KEY", 1)[1].split("stay public", 1)[0]
+    protected_help, public_help = api_key_help.split(";", 1)
+    guarded, public = set(), set()
+    for path, item in spec["paths"].items():
+        for method, operation in item.items():
+            is_guarded = operation.get("security") == [{"bearer": []}, {}]
+            assert (_unauthenticated(keyed, method, path) == 401) is is_guarded, (method, path)
+            assert ("401" in operation["responses"]) is is_guarded, (method, path)
+            (guarded if is_guarded else public).add("/v1/*" if path.startswith("/v1/") else path)
+    assert "/tokenizer_info" in guarded
+    assert _routes_named(protected_help) == guarded
+    assert _routes_named(public_help) == public
