@@ -6,6 +6,9 @@ write aiohttp (SSE) responses, so the ingress runs that very app (build_app via 
 Serve's proxy hands it to that app and streams the answer back. Every route, error body,
 middleware and response shape is the plain server's, by construction.
 
+/health and /metrics are the ingress's own (not relayed): they ask every live engine replica
+(Serve's handle.broadcast) and answer for all of them (fleet_health.py, fleet_metrics.py).
+
 A client that goes away: Serve cancels __call__, the relay closes its loopback connection, the
 app's handler is cancelled (handler_cancellation), its streams close, which cancels the Ray
 streaming calls, which abort the requests on their replicas.
@@ -13,16 +16,21 @@ streaming calls, which abort the requests on their replicas.
 from __future__ import annotations
 
 import aiohttp
+from ray.serve.exceptions import DeploymentUnavailableError
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from ember_cupy.ray_serve.fleet_health import summarize_health
+from ember_cupy.ray_serve.fleet_metrics import merge_expositions
 from ember_cupy.ray_serve.remote_engine import RemoteEngine
 from ember_cupy.server.api import ServerSettings
 from ember_cupy.server.launcher import Server
+from ember_cupy.server.metrics import CONTENT_TYPE_LATEST
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the framing the relay re-does.
 _NOT_RELAYED = {"connection", "keep-alive", "transfer-encoding", "upgrade", "proxy-connection",
                 "te", "trailer", "content-length", "host"}
+PROBE_TIMEOUT_S = 10.0   # for every replica to answer a /health or /metrics fan-out
 
 
 class OpenAIIngress:
@@ -38,8 +46,12 @@ class OpenAIIngress:
         self.base_url = f"http://127.0.0.1:{self.server.port}"
         # no total timeout: a stream lasts as long as its generation; the app bounds the rest
         self.session = aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None))
+        self.fleet_routes = {"/health": self.health, "/metrics": self.metrics}
 
-    async def __call__(self, request: Request) -> StreamingResponse:
+    async def __call__(self, request: Request) -> Response:
+        fleet_route = self.fleet_routes.get(request.url.path) if request.method == "GET" else None
+        if fleet_route is not None and self.engine.is_ready:
+            return await fleet_route()
         body = await request.body()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_RELAYED}
         url = self.base_url + request.url.path + (f"?{request.url.query}" if request.url.query else "")
@@ -48,6 +60,25 @@ class OpenAIIngress:
         return StreamingResponse(_relay(upstream), status_code=upstream.status,
                                  headers={k: v for k, v in upstream.headers.items()
                                           if k.lower() not in _NOT_RELAYED})
+
+    async def health(self) -> JSONResponse:
+        status, body = summarize_health(await self._ask_replicas("health_report"))
+        return JSONResponse(body, status_code=status)
+
+    async def metrics(self) -> Response:
+        reports = [r for r in await self._ask_replicas("metrics_report") if isinstance(r, dict)]
+        return Response(merge_expositions({r["replica_id"]: r["text"] for r in reports}),
+                        media_type=CONTENT_TYPE_LATEST)
+
+    async def _ask_replicas(self, method: str) -> list:
+        """Every live replica's answer to `method`, or the exception it (or the fan-out) raised."""
+        try:
+            return await self.engine.handle.broadcast(method).results_async(
+                timeout_s=PROBE_TIMEOUT_S, return_exceptions=True)
+        except DeploymentUnavailableError:
+            return []
+        except TimeoutError:
+            return [TimeoutError(f"the replicas did not all answer within {PROBE_TIMEOUT_S:g} s")]
 
     def check_health(self) -> None:
         if not self.engine.is_ready:

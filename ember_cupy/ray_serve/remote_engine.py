@@ -69,7 +69,7 @@ class RemoteStream(RequestStream):
 class RemoteEngine:
     """AsyncEngine's interface as the HTTP app uses it, over a handle to the engine deployment."""
 
-    metrics = None   # each replica keeps its own Prometheus metrics: not aggregated here (yet)
+    metrics = None   # each replica keeps its own; the ingress serves them all (fleet_metrics.py)
 
     def __init__(self, handle, model: str | None, admission_retries: int = 1):
         self.handle = handle

@@ -83,8 +83,14 @@ class EngineReplica:
                 "requests_admitted": self.requests_admitted, "requests_cancelled": self.requests_cancelled,
                 "replica_id": _replica_id(), "pid": os.getpid()}
 
-    def metrics(self) -> bytes:
-        return self.engine.metrics.render()
+    def health_report(self) -> dict:
+        """This replica's entry in the application's /health (fleet_health.py)."""
+        return {"replica_id": _replica_id(), "state": self.engine.state.value, "error": self.engine.error,
+                "num_in_flight": self.engine.num_in_flight}
+
+    def metrics_report(self) -> dict:
+        """This replica's Prometheus text, for the application's /metrics (fleet_metrics.py)."""
+        return {"replica_id": _replica_id(), "text": self.engine.metrics.render().decode()}
 
     def check_health(self) -> None:
         """Serve's health check: a dead engine loop fails it, and Serve replaces the replica."""
