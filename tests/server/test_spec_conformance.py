@@ -55,8 +55,11 @@ CASES = {
     "structured_outputs of no kind": ("/v1/completions", {**COMPLETION, "structured_outputs": {}}, False),
     "structured_outputs of two kinds": (
         "/v1/completions", {**COMPLETION, "structured_outputs": {"regex": "[0-9]", "choice": ["1"]}}, False),
+    "integral float max_output_tokens": ("/v1/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 1.0}, True),
+    "fractional max_output_tokens": ("/v1/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 1.5}, False),
 }
-MODELS = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatCompletionRequest"}
+MODELS = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatCompletionRequest",
+          "/v1/responses": "ResponsesRequest"}
 
 
 @pytest.fixture(scope="module")

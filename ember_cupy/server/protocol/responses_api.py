@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from ember_cupy.server.protocol.base import NULL_IS_ABSENT, ProtocolModel, ResponseModel, one_of
+from ember_cupy.server.protocol.base import NULL_IS_ABSENT, Integer, ProtocolModel, ResponseModel, one_of
 from ember_cupy.server.protocol.requests import IGNORED
 from ember_cupy.server.protocol.tools import NAME_PATTERN
 
@@ -134,7 +134,7 @@ class ResponsesRequest(ProtocolModel):
     store: bool = Field(True, description="Keep this response for previous_response_id (in memory, bounded).")
     stream: bool = Field(False, description="Reply as server-sent events of typed response.* events.",
                          examples=[True])
-    max_output_tokens: int | None = Field(None, ge=1, description="Tokens to generate at most.", examples=[4])
+    max_output_tokens: Integer | None = Field(None, ge=1, description="Tokens to generate at most.", examples=[4])
     temperature: float = Field(1.0, ge=0, le=2, description="0 = greedy.")
     top_p: float = Field(1.0, gt=0, le=1)
     text: TextConfig | None = Field(None, description="format json_schema / json_object: structured output.")
