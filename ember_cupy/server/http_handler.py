@@ -45,6 +45,10 @@ class JSONErrorRequestHandler(web_protocol.RequestHandler):
             reason = describe_parse_error(exc)
             log.warning("bad HTTP request from %s: %s", request.remote, reason)
             error = APIError(400, f"malformed HTTP request: {reason}", code="bad_http_request")
+        elif isinstance(exc, ConnectionError):   # the client left (e.g. mid-body): nobody to answer
+            log.debug("client %s went away during %s %s: %s", request.remote, request.method,
+                      request.path, type(exc).__name__)
+            error = APIError(499, "client closed the connection", code="client_closed")
         elif status == 504:
             log.warning("request handler timed out: %s %s", request.method, request.path)
             error = APIError(504, "the request handler timed out", code="timeout")

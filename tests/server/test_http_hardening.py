@@ -149,6 +149,25 @@ def test_http_parser_errors_are_openai_json_and_one_log_line(server, caplog):
         assert len(record.getMessage()) < 300 and "aaaaaaaaaa" not in record.getMessage()
 
 
+def test_a_client_that_leaves_mid_body_is_not_logged_as_an_error(server, caplog):
+    """Found by tools/soak.py: a stream dropped while its body was being read logged an ERROR
+    traceback ("unhandled error ... ConnectionResetError") for every such client."""
+    import logging
+    import time
+    caplog.set_level(logging.DEBUG)
+    for _ in range(3):
+        with _connect(server) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n{\"prompt\": \"Hi")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any("went away" in r.getMessage() for r in caplog.records):
+        time.sleep(0.05)
+    assert any("went away" in r.getMessage() for r in caplog.records)
+    loud = [r.getMessage()[:200] for r in caplog.records
+            if r.name.startswith(("aiohttp", "ember_cupy")) and r.levelno >= logging.WARNING]
+    assert loud == []
+
+
 KEY = "sekret-key"
 
 
