@@ -43,7 +43,9 @@ def cluster():
     os.environ["PYTHONPATH"] = REPO + os.pathsep + os.environ.get("PYTHONPATH", "")  # workers import ember_cupy
     for attempt in range(3):   # on a loaded machine the first start can miss Ray's own deadlines
         try:
-            ray.init(num_cpus=2, object_store_memory=200 << 20, include_dashboard=False, log_to_driver=False)
+            # address="local": a cluster of its own, never one another process runs here
+            ray.init(address="local", num_cpus=2, object_store_memory=200 << 20, include_dashboard=False,
+                     log_to_driver=False)
             break
         except Exception as exc:  # noqa: BLE001 - any failure to start is the reason to skip
             ray.shutdown()
@@ -147,9 +149,31 @@ def run_workload(url: str, salt: str, concurrency: int = 2) -> tuple[int, float]
 
 
 # --- tests ----------------------------------------------------------------------------------
+def finished_by_replica(url: str) -> dict[str, float]:
+    """The application's /metrics: finished requests (all finish reasons) per `replica` label,
+    the same under the ember: name and its vllm: mirror."""
+    response = httpx.get(url + "/metrics", timeout=60)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    ours, vllms = (_sum_by_replica(response.text, prefix + "request_success_total") for prefix in ("ember:", "vllm:"))
+    assert ours == vllms
+    return ours
+
+
+def _sum_by_replica(text: str, sample_name: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == sample_name:
+                assert sample.labels["model_name"] == MODEL
+                counts[sample.labels["replica"]] = counts.get(sample.labels["replica"], 0) + sample.value
+    return counts
+
+
 def test_mixed_batch_succeeds_and_both_replicas_serve(url):
     before = {rid: s["requests_admitted"] for rid, s in replicas().items()}
     assert len(before) == 2
+    finished_before = finished_by_replica(url)
     bodies = [("/v1/completions", {"model": MODEL, "prompt": f"Count to {i}:", "max_tokens": 3, "temperature": 0})
               for i in range(6)]
     bodies += [("/v1/chat/completions", chat(SYSTEM_PROMPTS[i % 4], f"Say {i}.", salt=f"mixed{i}"))
@@ -167,6 +191,17 @@ def test_mixed_batch_succeeds_and_both_replicas_serve(url):
     after = {rid: s["requests_admitted"] for rid, s in replicas().items()}
     served = {rid: after[rid] - before[rid] for rid in before}
     assert sum(served.values()) == len(bodies) and all(served.values()), served
+    finished_after = finished_by_replica(url)   # the application's /metrics: every replica's counts
+    assert {rid: finished_after[rid] - finished_before.get(rid, 0) for rid in finished_after} == served
+
+
+def test_health_lists_every_replica(url):
+    response = httpx.get(url + "/health", timeout=60)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["status"] == "ready"
+    assert sorted(r["replica_id"] for r in body["replicas"]) == sorted(replicas())
+    assert all(r["state"] == "ready" and r["error"] is None for r in body["replicas"]), body
 
 
 def test_greedy_results_equal_the_plain_server(url, checkpoint):
@@ -196,7 +231,6 @@ def test_errors_keep_the_servers_shapes(url):
     too_long = post(url, "/v1/completions", {"model": MODEL, "prompt": "word " * 600, "max_tokens": 1})
     assert too_long.status_code == 400, too_long.text   # refused by the replica's engine
     assert too_long.json()["error"]["type"] == "invalid_request_error"
-    assert httpx.get(url + "/health", timeout=60).json() == {"status": "ready"}
 
 
 def test_prefix_routing_caches_more_than_round_robin(url, record_property):
