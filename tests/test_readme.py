@@ -13,8 +13,8 @@ there without a way to run it here fails test_every_readme_command_is_covered. H
 - benchmarks and the profiler (`python tools/bench_*.py`, `profile_step.py`) run with `--help`
   appended: a real run takes minutes and needs an idle machine;
 - not run at all, with the reason in NOT_RUN: `pip install ...` (needs the package index;
-  tools/test.sh installs the same in CI) and `bash tools/test.sh` (the whole suite, CI's own
-  command: .ci/run runs it).
+  tools/test.sh installs the same in CI), `bash tools/test.sh` (the whole suite, CI's own
+  command: .ci/run runs it) and the Ray command that joins a two-machine cluster.
 Commands run with PYTHONPATH at the checkout, as after `pip install -e .` (`chat` with HOME in a
 temp dir: it writes its history there).
 """
@@ -42,6 +42,8 @@ INLINE_COMMAND = re.compile(r"^(ember-cupy|python|bash|pip)\s")
 NOT_RUN = {
     "pip install": "needs the package index; tools/test.sh (CI) installs the same packages",
     "bash tools/test.sh": "the whole test suite: CI's own command (.ci/run), not a test's",
+    "ember-cupy serve --data-parallel-size 2 --data-parallel-backend ray --ray-address auto":
+        "joins a two-machine Ray cluster; tests/test_ray_serve.py runs the same app on a local one",
 }
 HELP_ONLY = ("python tools/bench_", "python tools/profile_step.py")
 
@@ -177,7 +179,7 @@ def _wait_healthy(proc: subprocess.Popen, port: str, timeout: float = 120) -> No
     raise AssertionError("the README's server did not become healthy")
 
 
-@pytest.mark.parametrize("server", [c for c in SHELL if _is_server(c)])
+@pytest.mark.parametrize("server", [c for c in SHELL if _is_server(c) and not _not_run_reason(c)])
 def test_server_command_and_its_clients(server, ports):
     port = _port_of(server) or "8000"
     command = _with_ports(server, ports)

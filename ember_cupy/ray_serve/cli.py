@@ -52,7 +52,7 @@ def run(args, engine_config, settings) -> int:
     from ray import serve
 
     from ember_cupy.ray_serve.app import build
-    ray.init(address=args.ray_address, include_dashboard=False)
+    ray.init(address=args.ray_address or "local", include_dashboard=False)   # "local": a new cluster, never a stray one
     serve.start(http_options={"host": settings.host, "port": settings.port})
     serve.run(build(serve_args(args, engine_config, settings)), name="ember-cupy", route_prefix="/")
     log.info("serving on http://%s:%d with %d replica(s) on Ray", settings.host, settings.port,
