@@ -57,3 +57,33 @@ EMBER_EXPORT int ember_kth_largest(const float *x, int64_t rows, int64_t vocab, 
     else kth_rows(&job, 0, rows);
     return job.failed ? -2 : 0;
 }
+
+/* Token bitmask (llguidance's layout: token t allowed when bit t % 32 of word t / 32 is set):
+ * x[rows[i], t] = -inf for every t < vocab not allowed by mask[i] (tokens past the mask's
+ * words * 32 are not allowed). In place. NumPy twin: ember_cupy/structured/bitmask.py
+ * (apply_token_bitmask_numpy). 0, or -1 on a bad row index. */
+EMBER_EXPORT int ember_apply_token_bitmask(float *x, int64_t num_logit_rows, int64_t vocab, int64_t ld,
+                                           const int32_t *mask, int64_t words, const int32_t *rows,
+                                           int64_t num_rows) {
+    for (int64_t i = 0; i < num_rows; i++)
+        if (rows[i] < 0 || rows[i] >= num_logit_rows) return -1;
+    const float minus_inf = -__builtin_inff();
+    for (int64_t i = 0; i < num_rows; i++) {
+        float *row = x + rows[i] * ld;
+        const uint32_t *bits = (const uint32_t *)(mask + i * words);
+        const int64_t covered = words * 32 < vocab ? words * 32 : vocab;
+        int64_t w = 0;
+        for (; (w + 1) * 32 <= covered; w++) {          /* whole words */
+            float *out = row + w * 32;
+            if (bits[w] == 0) {                          /* the common case under a grammar */
+                for (int k = 0; k < 32; k++) out[k] = minus_inf;
+                continue;
+            }
+            for (uint32_t clear = ~bits[w]; clear; clear &= clear - 1) out[__builtin_ctz(clear)] = minus_inf;
+        }
+        for (int64_t t = w * 32; t < covered; t++)       /* a last, partial word */
+            if (!((bits[w] >> (t - w * 32)) & 1u)) row[t] = minus_inf;
+        for (int64_t t = covered; t < vocab; t++) row[t] = minus_inf;
+    }
+    return 0;
+}

@@ -115,10 +115,12 @@ def main() -> None:
                                  structured_outputs=StructuredOutputsParams(json=LONG_STRING))
     result = {"steps": {}, "mask": {}, "compile": compile_ms(llm)}
     for streams in (1, 16):
-        cell = {}
-        for name, params in (("free", free), ("json_schema", constrained)):
-            cell[f"{name}_ms"] = statistics.median(median_step_ms(llm, streams, params, args.steps)
-                                                   for _ in range(args.repeats))
+        runs = {"free": [], "json_schema": []}
+        for repeat in range(args.repeats):   # interleaved, the order flipped every repeat: the
+            pairs = [("free", free), ("json_schema", constrained)]   # machine drifts within a run
+            for name, params in pairs if repeat % 2 == 0 else pairs[::-1]:
+                runs[name].append(median_step_ms(llm, streams, params, args.steps))
+        cell = {f"{name}_ms": statistics.median(times) for name, times in runs.items()}
         cell["overhead"] = cell["json_schema_ms"] / cell["free_ms"] - 1
         result["steps"][f"{streams}_streams"] = cell
         result["mask"][f"{streams}_streams"] = mask_ms(llm, streams)

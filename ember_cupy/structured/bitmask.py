@@ -3,17 +3,22 @@
 A bitmask row holds ceil(V / 32) int32 words; token t is allowed when bit t % 32 of word t // 32
 is set (llguidance's layout). `apply_token_bitmask` sets every disallowed logit of the masked rows
 to -inf, in place: on the device with the kernel of cuda/sampling.cu (only the mask travels, 6 KB a
-row at 49k tokens, not the logits), on the host with its NumPy twin.
+row at 49k tokens, not the logits), on the host with cpu/sampling.c's host kernel, or with their
+NumPy twin where no host kernel is active.
 """
 from __future__ import annotations
+
+import ctypes
 
 import llguidance
 import llguidance.numpy as llg_numpy
 import numpy as np
 
-from ember_cupy.ops import _cuda
+from ember_cupy.ops import _cuda, _host
 
 _THREADS = 256
+_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+_host.register_signature("ember_apply_token_bitmask", [_P, _I64, _I64, _I64, _P, _I64, _P, _I64], ctypes.c_int)
 _executor: llguidance.LLExecutor | None = None
 
 
@@ -35,19 +40,35 @@ def apply_token_bitmask(logits, bitmask: np.ndarray, rows: np.ndarray) -> None:
     """logits[rows[i], t] = -inf where bit t of bitmask[i] is clear, in place."""
     if _cuda.wants_kernel(logits):
         apply_token_bitmask_kernel(logits, bitmask, rows)
+    elif _host.active() is not None and logits.dtype == np.float32 and logits.strides[-1] == 4:
+        apply_token_bitmask_host(logits, bitmask, rows)
     else:
         apply_token_bitmask_numpy(logits, bitmask, rows)
 
 
+def apply_token_bitmask_host(logits: np.ndarray, bitmask: np.ndarray, rows: np.ndarray, library=None) -> None:
+    """cpu/sampling.c's ember_apply_token_bitmask on float32 logits with unit column stride."""
+    library = library or _host.active()
+    mask = np.ascontiguousarray(bitmask, dtype=np.int32)
+    row_ids = np.ascontiguousarray(rows, dtype=np.int32)
+    if len(row_ids) > mask.shape[0]:
+        raise ValueError("apply_token_bitmask: more rows than bitmask rows")
+    status = library.lib.ember_apply_token_bitmask(
+        logits.ctypes.data, logits.shape[0], logits.shape[1], logits.strides[0] // 4,
+        mask.ctypes.data, mask.shape[1], row_ids.ctypes.data, len(row_ids))
+    if status:
+        raise ValueError(f"apply_token_bitmask: a row index is outside the {logits.shape[0]} logit rows")
+
+
 def apply_token_bitmask_numpy(logits: np.ndarray, bitmask: np.ndarray, rows: np.ndarray) -> None:
     vocab = logits.shape[1]
-    allowed = np.unpackbits(np.ascontiguousarray(bitmask, dtype=np.int32).view(np.uint8), axis=1,
-                            bitorder="little")[:, :vocab].astype(bool)
-    if allowed.shape[1] < vocab:        # a mask narrower than the logits allows nothing beyond it
-        allowed = np.pad(allowed, ((0, 0), (0, vocab - allowed.shape[1])))
-    block = logits[rows]
-    np.putmask(block, ~allowed, -np.inf)
-    logits[rows] = block
+    bits = np.unpackbits(np.ascontiguousarray(bitmask, dtype=np.int32).view(np.uint8), axis=1,
+                         bitorder="little")
+    width = min(vocab, bits.shape[1])
+    disallowed = bits[:, :width] == 0
+    for i, row in enumerate(rows):
+        np.copyto(logits[row, :width], -np.inf, where=disallowed[i])
+        logits[row, width:] = -np.inf   # a mask narrower than the logits allows nothing beyond it
 
 
 def apply_token_bitmask_kernel(logits, bitmask: np.ndarray, rows: np.ndarray) -> None:
