@@ -57,7 +57,7 @@ from schemathesis.specs.openapi.checks import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from openai_shapes import error_body_problem, sse_data, stream_problem  # noqa: E402
-from server_under_test import served, served_model, wait_idle  # noqa: E402
+from server_under_test import add_server_arguments, served, served_model, wait_idle  # noqa: E402
 
 DEFAULT_SERVER_ARGS = "--max-model-len 256 --kv-cache-memory 64MiB"
 # the fields that bound generated tokens, by API (completions; chat; responses)
@@ -477,10 +477,7 @@ def after_run_failures(server, timeout: float) -> list[str]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--url", help="a running server (default: spawn `ember-cupy serve` with --server-args)")
-    p.add_argument("--server-args", default=DEFAULT_SERVER_ARGS,
-                   help=f"flags for the spawned server (default: {DEFAULT_SERVER_ARGS!r})")
-    p.add_argument("--server-log", help="where the spawned server logs (default: a temporary file)")
+    add_server_arguments(p, DEFAULT_SERVER_ARGS)
     p.add_argument("--cases", type=int, default=1000, help="requests to send")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--generation-share", type=float, default=0.8,

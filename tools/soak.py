@@ -27,7 +27,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from openai_shapes import DONE, error_body_problem, event_problem  # noqa: E402
-from server_under_test import read_metrics, served, served_model, wait_idle  # noqa: E402
+from server_under_test import add_server_arguments, read_metrics, served, served_model, wait_idle  # noqa: E402
 
 DEFAULT_SERVER_ARGS = "--max-model-len 512 --kv-cache-memory 128MiB"
 FINISHED_METRIC = "ember:request_success_total"
@@ -213,10 +213,7 @@ def print_round(report: RoundReport) -> None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--url", help="a running server (default: spawn `ember-cupy serve` with --server-args)")
-    p.add_argument("--server-args", default=DEFAULT_SERVER_ARGS,
-                   help=f"flags for the spawned server (default: {DEFAULT_SERVER_ARGS!r})")
-    p.add_argument("--server-log", help="where the spawned server logs (default: a temporary file)")
+    add_server_arguments(p, DEFAULT_SERVER_ARGS)
     p.add_argument("--streams", type=int, default=200, help="concurrent streams per round")
     p.add_argument("--drop-fraction", type=float, default=0.3, help="fraction of streams the client drops")
     p.add_argument("--rounds", type=int, default=3)
