@@ -93,7 +93,6 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(10)
 
 
-@contextmanager
 def add_server_arguments(parser, default_server_args: str) -> None:
     """--url, --server-args and --server-log: which server a tool talks to, or how it spawns one."""
     parser.add_argument("--url", help="a running server (default: spawn `ember-cupy serve` with --server-args)")
@@ -102,6 +101,7 @@ def add_server_arguments(parser, default_server_args: str) -> None:
     parser.add_argument("--server-log", help="where the spawned server logs (default: a temporary file)")
 
 
+@contextmanager
 def served(url: str | None, server_args: list[str], log_path: str | None = None):
     """Yield a Served: the given URL, or `ember-cupy serve <server_args>` on the default model
     (or --model in server_args) spawned on a free loopback port and stopped afterwards."""
