@@ -124,3 +124,11 @@ def test_the_file_is_not_kept_mapped_once_loaded():
     with open("/proc/self/maps") as maps:
         assert default_model_path() not in maps.read()
     assert llm.engine.runner.model.weight_bytes() < 110e6
+
+
+def test_load_tokenizer_reads_no_weights_and_equals_the_checkpoints(checkpoint):
+    from ember_cupy.model.loader import load_tokenizer
+    alone, full = load_tokenizer(checkpoint.source), checkpoint.tokenizer
+    text = "Hello, world! 🚀 1234"
+    assert alone.encode(text) == full.encode(text)
+    assert (alone.bos_token_id, alone.eos_token_ids) == (full.bos_token_id, full.eos_token_ids)

@@ -50,6 +50,11 @@ def _open_reader(path: str):
     return PlainArrayReader(path)
 
 
+def load_gguf_tokenizer(path: str):
+    from ember_cupy.tokenizer import Tokenizer
+    return Tokenizer.from_gguf(_open_reader(path))
+
+
 def load_gguf(path: str, progress: ProgressCallback | None = None) -> Checkpoint:
     reader = _open_reader(path)
     arch = field_value(reader, "general.architecture")

@@ -34,16 +34,23 @@ _GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "nor
                  "lm_head.weight": "lm_head"}
 
 
-def load_hf_directory(path: str, progress: ProgressCallback | None = None) -> Checkpoint:
+def _read_config(path: str) -> dict:
     config_file = os.path.join(path, "config.json")
     if not os.path.isfile(config_file):
         raise FileNotFoundError(f"{path} has no config.json")
     with open(config_file) as f:
-        raw = json.load(f)
-    arch = _architecture(raw, path)
-    eos = _eos_ids(raw, path)
+        return json.load(f)
+
+
+def load_hf_tokenizer(path: str, raw: dict | None = None):
     from ember_cupy.tokenizer import Tokenizer
-    tokenizer = Tokenizer.from_hf_directory(path, eos_token_ids=eos)
+    return Tokenizer.from_hf_directory(path, eos_token_ids=_eos_ids(raw or _read_config(path), path))
+
+
+def load_hf_directory(path: str, progress: ProgressCallback | None = None) -> Checkpoint:
+    raw = _read_config(path)
+    arch = _architecture(raw, path)
+    tokenizer = load_hf_tokenizer(path, raw)
     config = model_config_from_hf(raw, arch, tokenizer, name=os.path.basename(os.path.normpath(path)))
     weights = _read_safetensors(path, _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES, progress)
     if arch == "gemma3":

@@ -44,3 +44,13 @@ def load_checkpoint(model: str | None = None, progress: ProgressCallback | None 
         return load_hf_directory(path, progress)
     from ember_cupy.model.gguf_loader import load_gguf
     return load_gguf(path, progress)
+
+
+def load_tokenizer(model: str | None = None):
+    """The tokenizer of `model` alone, without reading its weights (e.g. for a router)."""
+    path = resolve_model_path(model)
+    if os.path.isdir(path):
+        from ember_cupy.model.hf_loader import load_hf_tokenizer
+        return load_hf_tokenizer(path)
+    from ember_cupy.model.gguf_loader import load_gguf_tokenizer
+    return load_gguf_tokenizer(path)

@@ -85,8 +85,8 @@ class RemoteEngine:
         self._text_executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ember-text")
 
     async def start(self) -> None:
-        """Learn the replicas' engine shape; load the model's tokenizer (from its checkpoint, whose
-        weights are dropped: the ingress never computes)."""
+        """Learn the replicas' engine shape; load the model's tokenizer alone (the ingress never
+        computes, so it reads no weights)."""
         self.state = EngineState.LOADING
         try:
             info = await self.handle.info.remote()
@@ -149,5 +149,5 @@ class RemoteEngine:
 
 
 def _load_tokenizer(model: str | None):
-    from ember_cupy.model.loader import load_checkpoint
-    return load_checkpoint(model).tokenizer
+    from ember_cupy.model.loader import load_tokenizer
+    return load_tokenizer(model)
