@@ -96,6 +96,19 @@ def to_numpy(array) -> np.ndarray:
     return array.get()
 
 
+def lazily_zeroed(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A zero-filled host array in its own anonymous mapping: pages become resident only when
+    written. np.zeros does not promise that: from a thread's malloc arena, or once glibc's mmap
+    threshold has grown past the size, calloc zero-fills the whole block at once (a KV pool
+    allocated that way was resident in full at start-up: 568 MiB for the default model)."""
+    import mmap
+
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    mapping = mmap.mmap(-1, max(1, count * dtype.itemsize), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return np.frombuffer(mapping, dtype=dtype, count=count).reshape(shape)
+
+
 def keep_freed_memory_mapped() -> bool:
     """Stop glibc from returning large freed blocks to the OS (Linux only).
 

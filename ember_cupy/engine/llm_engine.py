@@ -42,7 +42,7 @@ class LLMEngine:
         # a checkpoint loaded here is consumed by the model, so the weights are held once
         self.runner = ModelRunner(self.checkpoint, self.config, xp=xp,
                                   consume_checkpoint=not isinstance(model, Checkpoint))
-        if xp is np:  # after the KV pool exists: it stays lazily-zeroed mmap'd memory
+        if xp is np:  # step temporaries stay mapped; the KV pool has its own mapping (lazily_zeroed)
             keep_freed_memory_mapped()
         self._check_kv_pool()
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,

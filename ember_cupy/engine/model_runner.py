@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ember_cupy.backend import lazily_zeroed
 from ember_cupy.config import EngineConfig, ModelConfig
 from ember_cupy.engine.scheduler import ScheduledBatch
 from ember_cupy.engine.sequence import Sequence
@@ -104,7 +105,8 @@ class ModelRunner:
         self.num_blocks = config.num_kv_blocks or max(
             1, pool_bytes // kv_block_bytes(self.model_config, config.block_size, itemsize))
         shape = (self.num_blocks, config.block_size, self.model_config.num_kv_heads, self.model_config.head_dim)
-        self.kv_caches = [(xp.zeros(shape, kv_dtype), xp.zeros(shape, kv_dtype))
+        zeros = lazily_zeroed if xp is np else xp.zeros
+        self.kv_caches = [(zeros(shape, kv_dtype), zeros(shape, kv_dtype))
                           for _ in range(self.model_config.num_layers)]
         self.step_buffers = StepBuffers(xp) if xp is not np else None
         if xp is not np:
