@@ -289,6 +289,21 @@ def test_slot_context_covers_every_prompt_in_tokens():
     assert shared.slot_context(bv.max_prompt_tokens(shared, seeds, three)) >= 3 * (448 + 64) + 64
 
 
+def test_ember_kv_pool_holds_llama_servers_context_unless_asked_otherwise():
+    bv = _tool("bench_vs_llamacpp")
+    w = bv.Workload("c16", 16, 48)
+    args = _args(bv)
+    argv = bv.ember_server("m.gguf", w, args, 513).argv
+    blocks = int(argv[argv.index("--num-kv-blocks") + 1])
+    block_size = int(argv[argv.index("--block-size") + 1])
+    llama = bv.llama_server("llama.cpp-Q4_1", "llama-server", "m.gguf", w, args, 513).argv
+    context = int(llama[llama.index("-c") + 1])
+    # llama-server's tokens, plus one partial block per slot, and no more
+    assert context <= blocks * block_size - 16 * (block_size - 1) <= context + block_size
+    args.kv_capacity = "default"
+    assert "--num-kv-blocks" not in bv.ember_server("m.gguf", w, args, 513).argv
+
+
 def test_slot_context_from_the_gguf_tokenizer():
     bv = _tool("bench_vs_llamacpp")
     model = bv.default_model()

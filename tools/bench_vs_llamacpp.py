@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SAMPLED = {"temperature": 0.8, "top_p": 0.95, "top_k": 40}   # llama.cpp's default sampler settings
 SINGLE = "single-stream"
+EMBER_BLOCK_SIZE = 16
 SAFE_TOKENS_PER_WORD = 2.0    # without a tokenizer; bench_serving.WORDS measure ~1.0 in SmolLM2's
 CONTEXT_MARGIN = 64           # tokens per slot on top of the longest prompt + max_tokens
 
@@ -135,13 +136,24 @@ def max_prompt_tokens(w: Workload, seeds, count) -> int | None:
     return max(count(p) for seed in seeds for p in w.prompts(seed))
 
 
-def ember_server(model: str, w: Workload, args) -> Server:
+def ember_kv_flags(w: Workload, args, prompt_tokens: int | None) -> list[str]:
+    """--kv-capacity llama (default): ember-cupy's KV pool holds as many tokens as llama-server's
+    -c (plus one partial block per slot), so peak RSS compares equal KV capacity; `default`
+    leaves ember-cupy's own 1 GiB budget, a prefix cache that fills with every token served."""
+    if args.kv_capacity != "llama":
+        return []
+    tokens = w.concurrency * w.slot_context(prompt_tokens)
+    return ["--num-kv-blocks", str(-(-tokens // EMBER_BLOCK_SIZE) + w.concurrency)]
+
+
+def ember_server(model: str, w: Workload, args, prompt_tokens: int | None = None) -> Server:
     port = free_port()
     exe = shutil.which("ember-cupy")
     head = [exe] if exe else [sys.executable, "-c", "import sys; from ember_cupy.cli import main; sys.exit(main())"]
     argv = head + ["serve", "--model", model, "--host", "127.0.0.1", "--port", str(port),
                    "--max-num-seqs", str(max(64, w.concurrency)), "--no-progress",
-                   "--log-level", "warning", *shlex.split(args.ember_args)]
+                   "--log-level", "warning", "--block-size", str(EMBER_BLOCK_SIZE),
+                   *ember_kv_flags(w, args, prompt_tokens), *shlex.split(args.ember_args)]
     threads = str(args.threads)
     env = {"EMBER_BACKEND": os.environ.get("EMBER_BACKEND", "numpy")}
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -161,7 +173,7 @@ def llama_server(name: str, binary: str, model: str, w: Workload, args,
 
 
 def make_servers(peers: dict, w: Workload, args, prompt_tokens: int | None = None) -> list[Server]:
-    servers = [ember_server(args.model, w, args)]
+    servers = [ember_server(args.model, w, args, prompt_tokens)]
     servers += [llama_server(name, args.llama_bin, path, w, args, prompt_tokens)
                 for name, path in peers.items()]
     return servers
@@ -435,6 +447,9 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ember-args", default="",
                     help='extra `ember-cupy serve` flags, one string: --ember-args="--quantization auto"')
+    ap.add_argument("--kv-capacity", choices=("llama", "default"), default="llama",
+                    help="ember-cupy's KV pool: llama = as many tokens as llama-server's -c (equal capacity), "
+                         "default = ember-cupy's own budget")
     ap.add_argument("--llama-args", default="", help='extra llama-server flags, one string: --llama-args="..."')
     ap.add_argument("--markdown", default=str(ROOT / "BENCHMARKS.md"))
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks"), help="results.json and plots")
@@ -492,7 +507,7 @@ def main(argv=None) -> int:
                         "llama_server": args.llama_bin,
                         "llama_version": llamacpp.llama_server_version(args.llama_bin),
                         "repeats": args.repeats, "quick": args.quick, "max_seconds": args.max_seconds,
-                        "ember_args": args.ember_args, "llama_args": args.llama_args,
+                        "ember_args": args.ember_args, "llama_args": args.llama_args, "kv_capacity": args.kv_capacity,
                         "estimate_s": estimate["total_s"],
                         "context_sizing": "GGUF tokenizer" if count else f"{SAFE_TOKENS_PER_WORD} tokens/word"},
                "workloads": [], "failed": [], "single_stream": None}

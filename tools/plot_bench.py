@@ -248,6 +248,8 @@ def render(results: dict, plots: list[str], plot_note: str) -> str:
              + (f", took {m['elapsed_s'] / 60:.0f} min" if m.get("elapsed_s") else "") + ")",
              *([f"- Client: one TCP connection per request (no keep-alive); llama-server's slot context "
                 f"from prompt token counts by {m['context_sizing']}"] if m.get("context_sizing") else []),
+             *(["- KV capacity: ember-cupy's pool holds as many tokens as llama-server's -c of the same workload "
+                "(`--num-kv-blocks`), so peak RSS compares equal KV capacity"] if m.get("kv_capacity") == "llama" else []),
              f"- Medians of {m['repeats']} repeats{' (QUICK smoke run: not a measurement)' if m['quick'] else ''}; "
              "ratios are ember-cupy / peer (tok/s: higher is better; latencies: lower is better).", ""]
     if results["workloads"] or results.get("single_stream"):
