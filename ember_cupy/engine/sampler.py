@@ -43,13 +43,16 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 
+from ember_cupy.engine import device_sampler
+from ember_cupy.engine.sampling_batch import (
+    BANNED, BIAS, FREQUENCY, MIN_P, PRESENCE, REPEATED, REPETITION, TEMPERATURE, TOP_P, UNIFORM, SamplingBatch,
+    build_batch)
 from ember_cupy.engine.sequence import Sequence
-from ember_cupy.ops import _host
-from ember_cupy.structured.bitmask import apply_token_bitmask, apply_token_bitmask_numpy, fill_bitmasks
+from ember_cupy.ops import _cuda, _host
+from ember_cupy.structured.bitmask import apply_token_bitmask, fill_bitmasks
 
 _host.register_signature("ember_kth_largest", [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                                ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int)
@@ -92,9 +95,14 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def top_logprobs(logprobs_row: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The k best (token id, logprob), best first, the lower id first among equals (also at the
+    k-th place: the same tokens the device kernel reports)."""
+    k = min(k, len(logprobs_row))
     if k <= 0:
         return []
-    top = np.argpartition(-logprobs_row, k - 1)[:k]
+    kth = np.partition(logprobs_row, len(logprobs_row) - k)[len(logprobs_row) - k]
+    above = np.flatnonzero(logprobs_row > kth)
+    top = np.concatenate([above, np.flatnonzero(logprobs_row == kth)[:k - len(above)]])
     top = top[np.argsort(-logprobs_row[top], kind="stable")]
     return [(int(i), float(logprobs_row[i])) for i in top]
 
@@ -198,42 +206,38 @@ class Sampler:
         return output
 
     def _sample_rows(self, logits, seqs: list[Sequence]) -> SamplerOutput:
+        """The same steps on the host (NumPy logits) and on the device (CuPy logits: the kernels of
+        cuda/sampling.cu; only token ids and the requested logprobs are copied back)."""
         if not seqs:   # a step where nothing samples (mid-prefill): CuPy refuses argmax of (0, vocab)
             return SamplerOutput([], [])
-        logprob_rows = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
-        grammar = self._grammar_masks(seqs, logits.shape[-1])
-        raw = None   # the rows that report logprobs, before the grammar mask
-        if not isinstance(logits, np.ndarray):  # on the device: copy back only what is needed
+        vocab = logits.shape[-1]
+        grammar = self._grammar_masks(seqs, vocab)
+        # one uniform per random row from its own generator, drawn even for a row that turns out
+        # empty: a seeded stream stays aligned, and host and device draw the same numbers
+        uniforms = [0.0 if seq.params.greedy else self._rng(seq).random() for seq in seqs]
+        batch = build_batch(seqs, vocab, self.eos_token_ids, uniforms)
+        raw = logits if logits.dtype == np.float32 else logits.astype(np.float32)
+        work = raw
+        if grammar is not None or batch.has_edits:
+            work = raw.copy()   # private: the mask and the edits write it; logprobs read the raw row
             if grammar is not None:
-                if logprob_rows:
-                    raw = logits[logprob_rows].astype(np.float32).get()   # a list indexes CuPy too
-                logits = logits.astype(np.float32)          # a private copy: the mask writes -inf
-                apply_token_bitmask(logits, *grammar)
-                grammar = None
-            if all(self._plain_greedy(seq) for seq in seqs):
-                masked = logits.copy()
-                masked[masked != masked] = -np.inf          # NaN never wins the argmax
-                return SamplerOutput([int(t) for t in masked.argmax(axis=-1).get()], [None] * len(seqs))
-            logits = logits.astype(np.float32).get()
-        logits = np.array(logits, dtype=np.float32)   # a private host copy we may modify
-        if np.isnan(logits.max(axis=-1)).any():
-            logits[np.isnan(logits)] = -np.inf
-        if logprob_rows:
-            raw = logits[logprob_rows] if raw is None else np.where(np.isnan(raw), np.float32(-np.inf), raw)
-        logprobs = log_softmax(raw) if logprob_rows else None   # raw, as vLLM
-        if grammar is not None:
-            apply_token_bitmask(logits, *grammar)
-        self._process(logits, seqs)
-        token_ids = np.argmax(logits, axis=-1)
-        random_rows = [i for i, seq in enumerate(seqs) if not seq.params.greedy]
-        if random_rows:
-            token_ids[random_rows] = self._sample(logits[random_rows], [seqs[i] for i in random_rows])
-        token_ids = [int(t) for t in token_ids]
-        entries: list[TokenLogprobs | None] = [None] * len(seqs)
-        for row, values in zip(logprob_rows, logprobs if logprobs is not None else []):
-            token = token_ids[row]
-            entries[row] = TokenLogprobs(token, float(values[token]), top_logprobs(values, seqs[row].params.logprobs))
-        return SamplerOutput(token_ids=token_ids, logprobs=entries)
+                apply_token_bitmask(work, *grammar)
+            apply_logit_edits(work, batch)
+        tokens = sample_tokens(work, batch)
+        logprobs = raw_logprobs(raw, batch, tokens) if len(batch.logprob_rows) else None
+        token_ids = [int(t) for t in to_host(tokens)]
+        return SamplerOutput(token_ids, self._logprob_entries(batch, token_ids, logprobs))
+
+    @staticmethod
+    def _logprob_entries(batch: SamplingBatch, token_ids: list[int], logprobs) -> list[TokenLogprobs | None]:
+        entries: list[TokenLogprobs | None] = [None] * len(token_ids)
+        if logprobs is None:
+            return entries
+        ids, values, chosen = (to_host(a) for a in logprobs)
+        for j, (row, n) in enumerate(zip(batch.logprob_rows.tolist(), batch.logprob_counts)):
+            top = [(int(t), float(v)) for t, v in zip(ids[j, :n], values[j, :n])]
+            entries[row] = TokenLogprobs(token_ids[row], float(chosen[j]), top)
+        return entries
 
     @staticmethod
     def _grammar_masks(seqs: list[Sequence], vocab: int):
@@ -246,81 +250,9 @@ class Sampler:
             seqs[i].constraint.sync(seqs[i].output_token_ids)
         return fill_bitmasks([seqs[i].constraint for i in rows], vocab), np.asarray(rows, dtype=np.int32)
 
-    @staticmethod
-    def _plain_greedy(seq: Sequence) -> bool:
-        """Greedy with nothing that needs the whole row on the host."""
-        p = seq.params
-        return (p.greedy and p.logprobs is None and not p.logit_bias and p.repetition_penalty == 1.0
-                and not p.presence_penalty and not p.frequency_penalty
-                and seq.num_output_tokens >= p.min_tokens)
-
-    # --- logits processing --------------------------------------------------------------
     def _process(self, logits: np.ndarray, seqs: list[Sequence]) -> None:
         """min_tokens, logit_bias, then the penalties, in place (vLLM's order)."""
-        for row, seq in enumerate(seqs):
-            params = seq.params
-            if seq.num_output_tokens < params.min_tokens:
-                banned = list(params.stop_token_ids) + ([] if params.ignore_eos else self.eos_token_ids)
-                logits[row, banned] = -np.inf
-        biased = [(row, seq.params.logit_bias) for row, seq in enumerate(seqs) if seq.params.logit_bias]
-        if biased:
-            rows = np.repeat([row for row, _ in biased], [len(bias) for _, bias in biased])
-            ids = np.fromiter(chain.from_iterable(bias.keys() for _, bias in biased), dtype=np.int64)
-            values = np.fromiter(chain.from_iterable(bias.values() for _, bias in biased), dtype=np.float32)
-            logits[rows, ids] += values
-        self._apply_penalties(logits, seqs)
-
-    @staticmethod
-    def _apply_penalties(logits: np.ndarray, seqs: list[Sequence]) -> None:
-        vocab = logits.shape[-1]
-        rows = [i for i, seq in enumerate(seqs) if seq.params.repetition_penalty != 1.0]
-        if rows:   # every distinct token of the prompt and the output, once
-            lists = [seqs[i].token_ids for i in rows]
-            seen = np.zeros((len(rows), vocab), dtype=bool)
-            seen[np.repeat(np.arange(len(rows)), [len(t) for t in lists]),
-                 np.fromiter(chain.from_iterable(lists), dtype=np.int64)] = True
-            flat = np.flatnonzero(seen)
-            local, ids = flat // vocab, flat % vocab
-            where = (np.asarray(rows)[local], ids)
-            penalty = np.array([seqs[i].params.repetition_penalty for i in rows], dtype=np.float32)[local]
-            values = logits[where]
-            logits[where] = np.where(values > 0, values / penalty, values * penalty)
-        rows = [i for i, seq in enumerate(seqs)
-                if (seq.params.presence_penalty or seq.params.frequency_penalty) and seq.num_output_tokens]
-        if rows:   # distinct output tokens and their counts, for the batch at once
-            outputs = [seqs[i].output_token_ids for i in rows]
-            flat = (np.repeat(np.arange(len(rows)) * vocab, [len(t) for t in outputs])
-                    + np.fromiter(chain.from_iterable(outputs), dtype=np.int64))
-            flat, counts = np.unique(flat, return_counts=True)
-            local, ids = flat // vocab, flat % vocab
-            frequency = np.array([seqs[i].params.frequency_penalty for i in rows], dtype=np.float64)[local]
-            presence = np.array([seqs[i].params.presence_penalty for i in rows], dtype=np.float64)[local]
-            logits[np.asarray(rows)[local], ids] -= frequency * counts + presence
-
-    # --- random sampling ----------------------------------------------------------------
-    def _sample(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
-        temperature = np.array([seq.params.temperature for seq in seqs], dtype=np.float32)
-        logits /= temperature[:, None]
-        vocab = logits.shape[-1]
-        top_k = [seq.params.top_k if 0 < seq.params.top_k < vocab else 0 for seq in seqs]
-        # the k-th largest logit of every row that needs one, from a single partition
-        wanted = [k or (TOP_P_CANDIDATES[0] if seq.params.top_p < 1.0 else 0) for k, seq in zip(top_k, seqs)]
-        need = [i for i, k in enumerate(wanted) if 0 < k < vocab]
-        kth: list[float | None] = [None] * len(seqs)
-        if need:
-            for i, value in zip(need, kth_largest(logits[need], [wanted[i] for i in need])):
-                kth[i] = value
-        chosen = np.empty(len(seqs), dtype=np.int64)
-        for i, seq in enumerate(seqs):
-            ids, probs = filtered_distribution(logits[i], top_k[i], seq.params.top_p, seq.params.min_p, kth[i])
-            uniform = self._rng(seq).random()   # drawn even for an empty row: the stream stays aligned
-            if not len(ids):
-                chosen[i] = int(np.argmax(logits[i]))   # no distribution: greedy (module docstring)
-                continue
-            cumulative = np.cumsum(probs)
-            pick = np.searchsorted(cumulative, uniform * cumulative[-1], side="right")
-            chosen[i] = ids[min(int(pick), len(ids) - 1)]
-        return chosen
+        apply_logit_edits(logits, build_batch(seqs, logits.shape[-1], self.eos_token_ids, [0.0] * len(seqs)))
 
     @staticmethod
     def _rng(seq: Sequence) -> np.random.Generator:
@@ -328,3 +260,104 @@ class Sampler:
             seed = seq.params.seed
             seq.rng = np.random.default_rng(None if seed is None else [seed % 2**64, seq.index])
         return seq.rng
+
+
+def to_host(array) -> np.ndarray:
+    return array if isinstance(array, np.ndarray) else array.get()
+
+
+# --- the steps: the kernel for device arrays (or under a test provider), else the NumPy twin ----
+def apply_logit_edits(logits, batch: SamplingBatch) -> None:
+    """min_tokens bans, logit_bias, repetition / frequency / presence penalties, in place."""
+    if not batch.has_edits:
+        return
+    if _cuda.wants_kernel(logits):
+        device_sampler.apply_logit_edits_kernel(logits, batch)
+    else:
+        apply_logit_edits_numpy(logits, batch)
+
+
+def sample_tokens(logits, batch: SamplingBatch):
+    """int32 token id of every row (on the logits' device)."""
+    if _cuda.wants_kernel(logits):
+        return device_sampler.sample_tokens_kernel(logits, batch)
+    return sample_tokens_numpy(logits, batch)
+
+
+def raw_logprobs(logits, batch: SamplingBatch, tokens):
+    """(top ids [r, n], top logprobs [r, n], the sampled token's logprob [r]) of the logprob rows,
+    n = the most any of them asked for; from the raw logits (see the module docstring)."""
+    if _cuda.wants_kernel(logits):
+        return device_sampler.raw_logprobs_kernel(logits, batch, tokens)
+    return raw_logprobs_numpy(logits, batch, tokens)
+
+
+def apply_logit_edits_numpy(logits: np.ndarray, batch: SamplingBatch) -> None:
+    """The host path (twin of cuda/sampling.cu's apply_logit_edits): bias added, repetition
+    (positive values divided by the penalty, the others multiplied), frequency * count + presence
+    subtracted in float64, banned tokens -inf (a ban anywhere in this order gives -inf)."""
+    rows = np.repeat(np.arange(batch.num_rows), np.diff(batch.offsets))
+    tokens, flags, counts = batch.entries[:, 0], batch.entries[:, 1], batch.entries[:, 2]
+    reals = batch.reals[rows]
+    values = logits[rows, tokens]
+    with np.errstate(invalid="ignore", over="ignore"):
+        values = np.where(flags & BIAS, values + batch.entries[:, 3].view(np.float32), values)
+        penalty = reals[:, REPETITION].astype(np.float32)
+        values = np.where(flags & REPEATED, np.where(values > 0, values / penalty, values * penalty), values)
+        penalised = values - (reals[:, FREQUENCY] * counts + reals[:, PRESENCE])
+        values = np.where(counts > 0, penalised.astype(np.float32), values)
+    logits[rows, tokens] = np.where(flags & BANNED, np.float32(-np.inf), values)
+
+
+def sample_tokens_numpy(logits: np.ndarray, batch: SamplingBatch) -> np.ndarray:
+    """The host path (twin of cuda/sampling.cu's sample_rows)."""
+    tokens = np.zeros(batch.num_rows, dtype=np.int32)
+    greedy = np.flatnonzero(batch.greedy)
+    if len(greedy):
+        rows = logits[greedy]
+        tokens[greedy] = np.argmax(np.where(np.isnan(rows), np.float32(-np.inf), rows), axis=-1)
+    random = np.flatnonzero(~batch.greedy)
+    if len(random):
+        tokens[random] = _draw(logits[random], batch.ints[random], batch.reals[random])
+    return tokens
+
+
+def _draw(logits: np.ndarray, ints: np.ndarray, reals: np.ndarray) -> np.ndarray:
+    """Random rows (a private copy): temperature, the filters, each row's uniform inverted over
+    its kept tokens' CDF."""
+    logits[np.isnan(logits)] = -np.inf
+    logits /= reals[:, TEMPERATURE].astype(np.float32)[:, None]
+    vocab = logits.shape[-1]
+    top_k, top_p, min_p = ints[:, 0].tolist(), reals[:, TOP_P].tolist(), reals[:, MIN_P].tolist()
+    # the k-th largest logit of every row that needs one, from a single partition
+    wanted = [k or (TOP_P_CANDIDATES[0] if p < 1.0 else 0) for k, p in zip(top_k, top_p)]
+    need = [i for i, k in enumerate(wanted) if 0 < k < vocab]
+    kth: list[float | None] = [None] * len(logits)
+    if need:
+        for i, value in zip(need, kth_largest(logits[need], [wanted[i] for i in need])):
+            kth[i] = value
+    chosen = np.empty(len(logits), dtype=np.int64)
+    for i in range(len(logits)):
+        ids, probs = filtered_distribution(logits[i], top_k[i], top_p[i], min_p[i], kth[i])
+        if not len(ids):
+            chosen[i] = int(np.argmax(logits[i]))   # no distribution: greedy (module docstring)
+            continue
+        cumulative = np.cumsum(probs)
+        pick = np.searchsorted(cumulative, reals[i, UNIFORM] * cumulative[-1], side="right")
+        chosen[i] = ids[min(int(pick), len(ids) - 1)]
+    return chosen
+
+
+def raw_logprobs_numpy(logits: np.ndarray, batch: SamplingBatch, tokens: np.ndarray):
+    """The host path (twin of cuda/sampling.cu's raw_logprobs)."""
+    n = max(batch.logprob_counts)
+    rows = batch.logprob_rows
+    logprobs = log_softmax(logits[rows])
+    ids = np.zeros((len(rows), n), dtype=np.int32)
+    values = np.zeros((len(rows), n), dtype=np.float32)
+    for j, row in enumerate(logprobs):
+        top = top_logprobs(row, n)
+        ids[j, :len(top)] = [t for t, _ in top]
+        values[j, :len(top)] = [v for _, v in top]
+    chosen = logprobs[np.arange(len(rows)), tokens[rows]].astype(np.float32)
+    return ids, values, chosen

@@ -1,0 +1,107 @@
+"""One step's sampling work as arrays: per-row parameters, the uniforms of the random rows, the
+sparse logit edits (min_tokens bans, logit_bias, penalties) and the rows that report logprobs.
+
+Built on the host from the sequences, once a step; the host path reads it as it is and the device
+path uploads it in one copy (`pack`). The layouts are those cuda/sampling.cu reads:
+- ints [rows, 2]: top_k (0: none), greedy (0 / 1);
+- reals [rows, 8] float64: temperature, top_p, min_p, uniform, repetition, frequency and presence
+  penalties, unused;
+- edits, CSR over the rows: offsets [rows + 1] and entries [n, 4] int32 = token, flags, count,
+  bias (float32 bits); flags 1 logit_bias, 2 banned (min_tokens), 4 repeated (in the prompt or
+  the output of a row with a repetition penalty); count: the token's count in the output of a row
+  with a frequency or presence penalty (0 otherwise). One entry per (row, token), rows in order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import chain
+
+import numpy as np
+
+from ember_cupy.engine.sequence import Sequence
+
+ROW_INTS, ROW_REALS = 2, 8
+TEMPERATURE, TOP_P, MIN_P, UNIFORM, REPETITION, FREQUENCY, PRESENCE = range(7)
+BIAS, BANNED, REPEATED = 1, 2, 4
+
+
+@dataclass
+class SamplingBatch:
+    ints: np.ndarray            # [rows, ROW_INTS] int32
+    reals: np.ndarray           # [rows, ROW_REALS] float64
+    offsets: np.ndarray         # [rows + 1] int32
+    entries: np.ndarray         # [n, 4] int32
+    logprob_rows: np.ndarray    # [r] int32: the rows that report logprobs
+    logprob_counts: list[int]   # how many top logprobs each of them wants
+    device_views: tuple | None = field(default=None, repr=False, compare=False)   # (xp, views), device_sampler's
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.ints)
+
+    @property
+    def greedy(self) -> np.ndarray:
+        return self.ints[:, 1] != 0
+
+    @property
+    def has_edits(self) -> bool:
+        return len(self.entries) > 0
+
+    def pack(self) -> tuple[np.ndarray, dict[str, tuple[int, int, np.dtype, tuple]]]:
+        """Every array in one byte buffer (8-byte aligned sections) and where each lies:
+        name -> (byte offset, byte size, dtype, shape)."""
+        parts = {"reals": self.reals, "ints": self.ints, "offsets": self.offsets, "entries": self.entries,
+                 "logprob_rows": self.logprob_rows}
+        layout, offset = {}, 0
+        for name, array in parts.items():
+            layout[name] = (offset, array.nbytes, array.dtype, array.shape)
+            offset += -(-array.nbytes // 8) * 8
+        buffer = np.zeros(max(offset, 8), dtype=np.uint8)
+        for name, array in parts.items():
+            start, size, _, _ = layout[name]
+            buffer[start:start + size] = np.ascontiguousarray(array).view(np.uint8).ravel()
+        return buffer, layout
+
+
+def build_batch(seqs: list[Sequence], vocab: int, eos_token_ids: list[int], uniforms: np.ndarray) -> SamplingBatch:
+    """The batch of `seqs` (one row each); uniforms[i] is row i's draw (ignored for greedy rows)."""
+    ints = np.zeros((len(seqs), ROW_INTS), dtype=np.int32)
+    reals = np.zeros((len(seqs), ROW_REALS), dtype=np.float64)
+    for i, seq in enumerate(seqs):
+        p = seq.params
+        ints[i] = (p.top_k if 0 < p.top_k < vocab else 0, p.greedy)
+        reals[i, :7] = (p.temperature, p.top_p, p.min_p, uniforms[i], p.repetition_penalty,
+                        p.frequency_penalty, p.presence_penalty)
+    offsets, entries = logit_edits(seqs, vocab, eos_token_ids)
+    rows = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
+    return SamplingBatch(ints, reals, offsets, entries, np.asarray(rows, dtype=np.int32),
+                         [seqs[i].params.logprobs for i in rows])
+
+
+def logit_edits(seqs: list[Sequence], vocab: int, eos_token_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, entries) of the sparse edits, for the whole batch at once."""
+    banned = _keys(seqs, vocab, lambda s: (list(s.params.stop_token_ids) + ([] if s.params.ignore_eos else eos_token_ids))
+                   if s.num_output_tokens < s.params.min_tokens else ())
+    biased = _keys(seqs, vocab, lambda s: s.params.logit_bias or ())
+    repeated = _keys(seqs, vocab, lambda s: s.token_ids if s.params.repetition_penalty != 1.0 else ())
+    counted = _keys(seqs, vocab, lambda s: s.output_token_ids
+                    if s.params.presence_penalty or s.params.frequency_penalty else ())
+    keys = np.unique(np.concatenate([banned, biased, repeated, counted]))
+    entries = np.zeros((len(keys), 4), dtype=np.int32)
+    entries[:, 0] = keys % vocab
+    entries[np.searchsorted(keys, biased), 1] |= BIAS
+    entries[np.searchsorted(keys, banned), 1] |= BANNED
+    entries[np.searchsorted(keys, repeated), 1] |= REPEATED
+    counted, counts = np.unique(counted, return_counts=True)
+    entries[np.searchsorted(keys, counted), 2] = counts
+    bias = np.fromiter(chain.from_iterable((s.params.logit_bias or {}).values() for s in seqs), dtype=np.float32)
+    entries[np.searchsorted(keys, biased), 3] = bias.view(np.int32)
+    offsets = np.searchsorted(keys // vocab, np.arange(len(seqs) + 1)).astype(np.int32)
+    return offsets, entries
+
+
+def _keys(seqs: list[Sequence], vocab: int, tokens_of) -> np.ndarray:
+    """row * vocab + token for every token tokens_of(seq) names, in row order (repeats kept)."""
+    lists = [tokens_of(seq) for seq in seqs]
+    rows = np.repeat(np.arange(len(seqs), dtype=np.int64), [len(t) for t in lists])
+    return rows * vocab + np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=len(rows))
