@@ -5,6 +5,8 @@ A `QuantizedTensor` is a matrix [rows, cols] stored row by row as GGUF blocks of
 `PackedWeight`: Q8_0 or Q4_1 blocks with 8 rows interleaved (layout in cpu/matmul_q.c), the same
 bytes per weight. Q4_0 becomes Q4_1 (w = d*q - 8d is w = d*q + m with m = -8d, exact in f16);
 every other GGUF type is requantized to Q8_0 from its dequantized values.
+The CUDA kernels read a `DeviceQuantizedWeight`: Q8_0, Q4_0 or Q4_1 blocks split into quants and
+f16 scales (layout in cuda/matmul_q.cu), on the device, the same bytes per weight.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ BLOCK = 32
 ROWS_PER_GROUP = 8
 # formats the kernels compute on: the kernel's type code (cpu/matmul_q.c)
 KERNEL_FORMATS = {"Q8_0": 0, "Q4_1": 1}
+# formats cuda/matmul_q.cu computes on, and the bytes of a GGUF block (scales first, then quants)
+DEVICE_FORMATS = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
 
 
 @dataclass(frozen=True)
@@ -186,3 +190,48 @@ def fake_quantize_activations(x: np.ndarray, passes: int = 1) -> np.ndarray:
     if passes == 1:
         return first
     return first.astype(np.float64) + fake_quantize_activations(x - first)
+
+
+@dataclass(frozen=True)
+class DeviceQuantizedWeight:
+    """A Q8_0 / Q4_0 / Q4_1 matrix [rows, cols] as cuda/matmul_q.cu reads it: `quants` uint8
+    [rows, cols] (Q8_0's int8 values) or [rows, cols / 2] (the GGUF nibbles), `scales` float16
+    [rows, cols / 32] (d) or, for Q4_1, [rows, cols / 32, 2] (d, m). The arrays live on the
+    backend's device (NumPy arrays in the kernel tests)."""
+    qtype: str
+    quants: object
+    scales: object
+    shape: tuple[int, int]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.quants.nbytes) + int(self.scales.nbytes)
+
+    def dequantize(self, rows=None) -> np.ndarray:
+        """float32 [rows, cols] from host arrays (the kernels' NumPy twin); w = d*q, d*(q - 8), d*q + m."""
+        quants, scales = np.asarray(self.quants), np.asarray(self.scales)
+        if rows is not None:
+            index = np.asarray(rows, dtype=np.int64).reshape(-1)
+            quants, scales = quants[index], scales[index]
+        count, nb = quants.shape[0], self.shape[1] // BLOCK
+        d = (scales[..., 0] if self.qtype == "Q4_1" else scales).astype(np.float32)[..., None]
+        if self.qtype == "Q8_0":
+            values = quants.view(np.int8).reshape(count, nb, BLOCK) * d
+        else:
+            nibbles = quants.reshape(count, nb, BLOCK // 2)
+            q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).astype(np.float32)
+            values = q * d + scales[..., 1:].astype(np.float32) if self.qtype == "Q4_1" else (q - 8) * d
+        return values.reshape(count, self.shape[1]).astype(np.float32, copy=False)
+
+
+def to_device_format(tensor: QuantizedTensor, put_raw) -> DeviceQuantizedWeight:
+    """GGUF Q8_0 / Q4_0 / Q4_1 rows -> quants and scales, each moved by `put_raw` (e.g. cupy.asarray)."""
+    if tensor.qtype not in DEVICE_FORMATS:
+        raise ValueError(f"no CUDA kernel for {tensor.qtype} blocks (supported: {', '.join(DEVICE_FORMATS)})")
+    rows, cols = tensor.shape
+    scale_bytes = 4 if tensor.qtype == "Q4_1" else 2
+    blocks = tensor.data.reshape(rows, cols // BLOCK, DEVICE_FORMATS[tensor.qtype])
+    scales = np.ascontiguousarray(blocks[..., :scale_bytes]).view(np.float16)
+    scales = scales.reshape(rows, cols // BLOCK, 2) if tensor.qtype == "Q4_1" else scales.reshape(rows, -1)
+    quants = np.ascontiguousarray(blocks[..., scale_bytes:]).reshape(rows, -1)
+    return DeviceQuantizedWeight(tensor.qtype, put_raw(quants), put_raw(scales), tensor.shape)

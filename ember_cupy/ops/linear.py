@@ -1,35 +1,63 @@
-"""Linear layers: y = x @ W for a float weight stored [in, out], or for a `QuantizedTensor`
-[out, in] kept in its GGUF blocks (x quantized to int8 blocks per call, integer dot products).
+"""Linear layers: y = x @ W for a float weight stored [in, out], or for a quantized one [out, in]
+kept in its GGUF blocks.
 
-`matmul_q` has two implementations with one signature: the host kernel (cpu/matmul_q.c) and its
-NumPy twin `matmul_q_numpy` (fake-quantized x @ dequantized W, the same arithmetic in real
-numbers). A CUDA quantized GEMM slots in beside them by the same dispatch.
+`matmul_q` dispatches on the weight's form, one signature for all:
+- `PackedWeight` (host): the host kernel (cpu/matmul_q.c) or its NumPy twin `matmul_q_numpy`
+  (x quantized to int8 blocks per call, integer dot products; the twin: fake-quantized x @
+  dequantized W, the same arithmetic in real numbers);
+- `DeviceQuantizedWeight` (CUDA): weight-only, x stays in its float dtype; cuda/matmul_q.cu or its
+  NumPy twin `matmul_q_cuda_numpy` (x @ dequantized W^T in fp32).
+For up to GEMV_MAX_ROWS rows the GEMV kernel reads W once per 4 rows of x and is bound by the
+weight bytes; above, W is dequantized into a scratch slice by slice and multiplied by cuBLAS on
+tensor cores: at M rows the GEMM does 2*M FLOPs per weight, which CUDA cores (~60 TFLOP/s) would
+make compute-bound from M ~ 16, while the scratch costs ~4.6 bytes per weight at 4.8 TB/s (Q4_1
+read 0.6 + f16 written 2 + read 2), less than cuBLAS's compute time from M ~ 64 on.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ember_cupy.ops import _host
-from ember_cupy.quant import PackedWeight, QuantizedTensor, fake_quantize_activations
+from ember_cupy.ops import _cuda, _host
+from ember_cupy.ops._kernel import array_module, i32, kernel
+from ember_cupy.quant import DeviceQuantizedWeight, PackedWeight, QuantizedTensor, fake_quantize_activations
+
+GEMV_MAX_ROWS = 16
+GEMV_ROWS_PER_BLOCK = 8          # weight rows per block of the GEMV (cuda/matmul_q.cu kRowsPerBlock)
+THREADS = 128                    # both kernels: 4 warps
+SCRATCH_BYTES = 64 << 20         # dequantized slice of W in the large-M path
+_FORMAT_NAMES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
 
 
 def linear(x, weight, passes: int = 1):
-    """x [T, in] -> [T, out]; `passes` int8 passes over x for a quantized weight (matmul_q)."""
-    if isinstance(weight, PackedWeight):
+    """x [T, in] -> [T, out]; `passes` int8 passes over x for a host-quantized weight (matmul_q)."""
+    if isinstance(weight, (PackedWeight, DeviceQuantizedWeight)):
         return matmul_q(x, weight, passes=passes)
     return x @ weight
 
 
-def embedding(table, ids):
-    """Rows `ids` of an embedding table (float, or quantized and dequantized row by row)."""
+def embedding(table, ids, dtype=np.float32):
+    """Rows `ids` of an embedding table (float, or quantized and dequantized row by row; a device
+    table is dequantized on the device, into `dtype`)."""
+    if isinstance(table, DeviceQuantizedWeight):
+        if _cuda.wants_kernel(ids):
+            return _dequantize_rows_kernel(table, ids, dtype)
+        return dequantize_rows_numpy(table, ids, dtype)
     if isinstance(table, (QuantizedTensor, PackedWeight)):
         return table.dequantize(np.asarray(ids))
     return table[ids]
 
 
-def matmul_q(x: np.ndarray, weight: PackedWeight, library=None, passes: int = 1) -> np.ndarray:
-    """x [M, K] float32 @ weight[N, K]^T -> [M, N] float32; host kernel when one is active.
-    passes=2 quantizes x in two int8 passes (x and its residual) for ~14-bit activations."""
+def matmul_q(x, weight, library=None, passes: int = 1, out_dtype=None):
+    """x [M, K] @ weight[N, K]^T -> [M, N].
+    PackedWeight: x float32, out float32; host kernel when one is active; passes=2 quantizes x in
+    two int8 passes (x and its residual) for ~14-bit activations.
+    DeviceQuantizedWeight: out in x's dtype, or `out_dtype` (float32 for the LM head's logits)."""
+    if isinstance(weight, DeviceQuantizedWeight):
+        if _cuda.wants_kernel(x):
+            return matmul_q_cuda(x, weight, out_dtype)
+        return matmul_q_cuda_numpy(x, weight, out_dtype)
+    if out_dtype is not None and np.dtype(out_dtype) != np.float32:
+        raise ValueError(f"the host matmul_q computes float32, not {np.dtype(out_dtype)}")
     library = library or _host.active()
     if library is None:
         return matmul_q_numpy(x, weight, passes)
@@ -51,6 +79,82 @@ def matmul_q_numpy(x: np.ndarray, weight: PackedWeight, passes: int = 1) -> np.n
     _check(x, weight)
     x = fake_quantize_activations(np.asarray(x, dtype=np.float32), passes)
     return (x @ weight.dequantize().T).astype(np.float32)
+
+
+# --- weight-only CUDA path: cuda/matmul_q.cu and its NumPy twins ----------------------------
+def matmul_q_cuda(x, weight: DeviceQuantizedWeight, out_dtype=None):
+    """The kernels' launch: the GEMV for up to GEMV_MAX_ROWS rows, else dequantized slices of W
+    (dequantize_range) times x by cuBLAS, in float32 when the output is float32."""
+    _check_device(x, weight)
+    xp = array_module(x)
+    out_dtype = np.dtype(x.dtype if out_dtype is None else out_dtype)
+    if out_dtype not in (x.dtype, np.float32):
+        raise ValueError(f"matmul_q: output dtype {out_dtype} is neither x's ({x.dtype}) nor float32")
+    rows, (n, k) = x.shape[0], weight.shape
+    if x.strides[-1] != x.itemsize or (x.strides[0] // x.itemsize) % 8 or _address(x) % 16:
+        x = xp.ascontiguousarray(x)               # the GEMV loads x 16 (8) bytes at a time
+    out = xp.empty((rows, n), dtype=out_dtype)
+    if rows == 0:
+        return out
+    if rows > GEMV_MAX_ROWS:
+        return _matmul_dequantized(x, weight, out)
+    rows_per_read = 1 if rows == 1 else 4
+    f32out = "_f32out" if out_dtype == np.float32 and x.dtype != np.float32 else ""
+    fmt = _FORMAT_NAMES[weight.qtype]
+    grid = (-(-rows // rows_per_read), -(-n // GEMV_ROWS_PER_BLOCK))
+    kernel("matmul_q.cu", f"matmul_q_{fmt}_r{rows_per_read}{f32out}", x.dtype)(
+        grid, (THREADS,), (out, x, weight.quants, weight.scales, i32(rows), i32(n), i32(k),
+                           i32(x.strides[0] // x.itemsize)))
+    return out
+
+
+def matmul_q_cuda_numpy(x, weight: DeviceQuantizedWeight, out_dtype=None):
+    """The NumPy twin of matmul_q_cuda: x @ W^T in float32, W dequantized from the same blocks."""
+    _check_device(x, weight)
+    out_dtype = np.dtype(x.dtype if out_dtype is None else out_dtype)
+    return (np.asarray(x, dtype=np.float32) @ weight.dequantize().T).astype(out_dtype)
+
+
+def dequantize_rows_numpy(weight: DeviceQuantizedWeight, ids, dtype=np.float32):
+    """The NumPy twin of the dequantize kernels: rows `ids` of W in `dtype`."""
+    return weight.dequantize(np.asarray(ids)).astype(dtype)
+
+
+def _dequantize_rows_kernel(weight: DeviceQuantizedWeight, ids, dtype):
+    xp = array_module(ids)
+    ids = xp.ascontiguousarray(ids.reshape(-1), dtype=np.int32)
+    out = xp.empty((ids.shape[0], weight.shape[1]), dtype=dtype)
+    if ids.shape[0]:
+        kernel("matmul_q.cu", f"dequantize_rows_{_FORMAT_NAMES[weight.qtype]}", dtype)(
+            (-(-ids.shape[0] // (THREADS // 32)),), (THREADS,),
+            (out, weight.quants, weight.scales, ids, i32(ids.shape[0]), i32(weight.shape[1])))
+    return out
+
+
+def _matmul_dequantized(x, weight: DeviceQuantizedWeight, out):
+    """out = x @ W^T by slices of W's rows dequantized into one scratch matrix (cuBLAS GEMMs)."""
+    xp = array_module(x)
+    n, k = weight.shape
+    compute = out.dtype
+    x = x.astype(compute, copy=False)
+    slice_rows = max(1, min(n, SCRATCH_BYTES // (k * compute.itemsize)))
+    scratch = xp.empty((slice_rows, k), dtype=compute)
+    dequantize = kernel("matmul_q.cu", f"dequantize_range_{_FORMAT_NAMES[weight.qtype]}", compute)
+    for start in range(0, n, slice_rows):
+        count = min(slice_rows, n - start)
+        dequantize((-(-count // (THREADS // 32)),), (THREADS,),
+                   (scratch, weight.quants, weight.scales, i32(start), i32(count), i32(k)))
+        out[:, start:start + count] = x @ scratch[:count].T
+    return out
+
+
+def _address(array) -> int:
+    return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
+
+
+def _check_device(x, weight: DeviceQuantizedWeight) -> None:
+    if x.ndim != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"matmul_q: x {x.shape} does not match weight {weight.shape}")
 
 
 def _check(x, weight: PackedWeight) -> None:
