@@ -1,5 +1,5 @@
-"""Paged causal attention over a flattened varlen batch (NumPy twin of cuda/attention.cu and
-of the host kernel cpu/attention.c).
+"""Paged causal attention over a flattened varlen batch (NumPy twin of cuda/attention_decode.cu,
+cuda/attention_prefill.cu and of the host kernel cpu/attention.c).
 
 Sequence s owns queries q[query_start_loc[s]:query_start_loc[s+1]], the last q_len tokens of
 its context of context_lens[s] tokens; query i sits at position context_len - q_len + i and
@@ -9,12 +9,14 @@ only through block_tables[s] (padded rows may hold any block id; entries past th
 masked). Caches may hold float32 or float16 (a 16-bit
 KV cache); scores, softmax and the output are computed in float32.
 
-Dispatch: CuPy arrays (or an installed kernel provider) -> cuda/attention.cu; NumPy arrays with
+Dispatch: CuPy arrays (or an installed kernel provider) -> the CUDA kernels (decode rows: split-KV
+decode kernel + merge; prefill rows: tiled FlashAttention-2 kernel); NumPy arrays with
 host kernels active -> cpu/attention.c (float32 queries, float32/float16 contiguous caches);
 otherwise the NumPy twin `paged_attention_numpy`.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 
 import numpy as np
@@ -28,9 +30,6 @@ from ember_cupy.ops._kernel import (
     kernel,
     stride,
 )
-
-# cuda/attention.cu: threads per block, keys per tile, accumulators per thread.
-THREADS, TILE, MAX_ACCUMULATORS = 128, 128, 16
 
 # Upper bound on score-matrix elements per tile, so a long prefill never allocates GBs.
 _MAX_SCORE_ELEMENTS = 1 << 24
@@ -236,26 +235,157 @@ def _prefill_attention(q, k_cache, v_cache, block_table, context_len, scale, win
     return out.transpose(2, 0, 1, 3).reshape(q_len, num_heads, head_dim)
 
 
+# ---- CUDA kernels (cuda/attention_decode.cu, cuda/attention_prefill.cu) ------------------------
+# Launch shapes mirror the kernels' constants (named alike there).
+DECODE_THREADS, DECODE_TILE, SLOT_FLOATS = 128, 64, 8
+TEMPLATED_HEAD_DIMS = (64, 128, 256)   # other head dims: the generic row kernel, head_dim <= 128
+GENERIC_MAX_HEAD_DIM = 128
+PREFILL_ROWS = 64                      # (token, head) rows per prefill query tile
+MERGE_THREADS = 128
+# Split-KV: aim for about two blocks per SM, each split covering at least a tile of keys.
+MAX_SPLITS, MIN_KEYS_PER_SPLIT, BLOCKS_PER_SM = 32, DECODE_TILE, 2
+SHIM_SM_COUNT = 8                      # the CPU shim and the stand-in cupy have no SMs to count
+
+_sm_counts: dict[int, int] = {}        # device id -> multiprocessors
+_forced_splits: int | None = None
+
+
+@contextlib.contextmanager
+def forced_decode_splits(splits: int):
+    """Every decode in the block splits its keys over `splits` blocks (tests: split and merge run
+    whatever the device or the batch)."""
+    global _forced_splits
+    if int(splits) != splits or not 1 <= splits <= 1024:
+        raise ValueError(f"forced_decode_splits: splits must be an int in [1, 1024], got {splits!r}")
+    previous, _forced_splits = _forced_splits, int(splits)
+    try:
+        yield
+    finally:
+        _forced_splits = previous
+
+
+def sm_count(xp) -> int:
+    """Multiprocessors of the current device, asked once per device; SHIM_SM_COUNT off a GPU."""
+    if xp is np:
+        return SHIM_SM_COUNT
+    device_id = xp.cuda.runtime.getDevice()
+    count = _sm_counts.get(device_id)
+    if count is None:
+        attributes = getattr(xp.cuda.Device(device_id), "attributes", None)   # None in the stand-in
+        if not attributes:
+            return SHIM_SM_COUNT
+        count = _sm_counts[device_id] = int(attributes["MultiProcessorCount"])
+    return count
+
+
+def decode_splits(xp, num_seqs: int, num_kv_heads: int, max_context: int) -> int:
+    """Key ranges per decode: 1 when (sequence, KV head) blocks already fill the device, else
+    enough to reach BLOCKS_PER_SM blocks per SM, at most one per MIN_KEYS_PER_SPLIT keys of the
+    longest possible context (the block table's width; no device sync to learn the real one)."""
+    if _forced_splits is not None:
+        return _forced_splits
+    blocks, sms = num_seqs * num_kv_heads, sm_count(xp)
+    if blocks >= sms:
+        return 1
+    by_work = -(-BLOCKS_PER_SM * sms // blocks)
+    return max(1, min(MAX_SPLITS, by_work, max_context // MIN_KEYS_PER_SPLIT))
+
+
+def max_decode_group(head_dim: int, itemsize: int) -> int:
+    """Query heads per KV head the decode kernel holds (DecodeLayout: segments x head slots)."""
+    templated = head_dim in TEMPLATED_HEAD_DIMS
+    vec = 16 // itemsize if templated else 1
+    vectors = head_dim // vec if templated else GENERIC_MAX_HEAD_DIM
+    lanes = min(vectors, 32)
+    return DECODE_THREADS // lanes * (SLOT_FLOATS // (vec * (vectors // lanes)))
+
+
+def _check_kernel_shapes(q, k_cache, v_cache) -> None:
+    num_heads, head_dim = q.shape[1:]
+    num_kv_heads, cache_dim = k_cache.shape[2:]
+    if cache_dim != head_dim or num_heads % num_kv_heads or v_cache.shape != k_cache.shape:
+        raise ValueError(f"paged_attention kernel: q {q.shape} does not match caches {k_cache.shape}, "
+                         f"{v_cache.shape}")
+    if head_dim not in TEMPLATED_HEAD_DIMS and head_dim > GENERIC_MAX_HEAD_DIM:
+        raise ValueError(f"paged_attention kernel: head_dim {head_dim} is neither one of "
+                         f"{TEMPLATED_HEAD_DIMS} nor <= {GENERIC_MAX_HEAD_DIM}")
+    group, most = num_heads // num_kv_heads, max_decode_group(head_dim, q.dtype.itemsize)
+    if group > most:
+        raise ValueError(f"paged_attention kernel: group {group} x head_dim {head_dim} exceeds the decode "
+                         f"kernel's accumulators (at most {most} query heads per KV head for {q.dtype})")
+
+
 def _paged_attention_kernel(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
                             window: int = 0):
-    """One block per (query token, KV head); q may be a strided view (e.g. into a fused qkv)."""
+    """Decode rows -> the decode kernel (split-KV and merge when the batch is small for the
+    device), prefill rows -> the tiled prefill kernel; a head_dim without a tiled instantiation
+    runs every row through the decode kernel's generic entry. q may be a strided view (e.g. into
+    a fused qkv). Every sequence is taken to have at least one query row (the runner's batches
+    do): then rows > sequences is the sign that some sequence prefills, with no device sync."""
     xp = array_module(q)
     num_tokens, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = num_heads // num_kv_heads
-    if group * head_dim > THREADS * MAX_ACCUMULATORS:
-        raise ValueError(f"paged_attention kernel: group {group} x head_dim {head_dim} exceeds "
-                         f"{THREADS * MAX_ACCUMULATORS} accumulators")
+    _check_kernel_shapes(q, k_cache, v_cache)
     out = xp.empty((num_tokens, num_heads, head_dim), dtype=q.dtype)
     if not num_tokens:
         return out
     tables = int32_array(xp, block_tables)
-    shared_floats = group * head_dim + group * TILE + 3 * group
-    kernel("attention.cu", "paged_attention", q.dtype)(
-        (num_tokens, num_kv_heads), (THREADS,),
-        (out, q, contiguous(xp, k_cache, "k_cache"), contiguous(xp, v_cache, "v_cache"), tables,
-         int32_array(xp, context_lens), int32_array(xp, query_start_loc), i32(tables.shape[0]),
-         i32(num_heads), i32(num_kv_heads), i32(head_dim), i32(block_size), i32(tables.shape[1]),
-         stride(q, 0), stride(q, 1), np.float32(scale), i32(window)),
-        shared_mem=4 * (shared_floats + TILE))
+    lens, starts = int32_array(xp, context_lens), int32_array(xp, query_start_loc)
+    num_seqs, block_size, num_kv_heads = lens.shape[0], k_cache.shape[1], k_cache.shape[2]
+    caches = (contiguous(xp, k_cache, "k_cache"), contiguous(xp, v_cache, "v_cache"))
+    batch = (tables, lens, starts, i32(num_seqs), i32(num_heads), i32(num_kv_heads))
+    if head_dim not in TEMPLATED_HEAD_DIMS:
+        _launch_decode(xp, out, q, caches, batch, block_size, tables.shape[1], scale, window, num_tokens, 1)
+        return out
+    splits = decode_splits(xp, num_seqs, num_kv_heads, tables.shape[1] * block_size)
+    _launch_decode(xp, out, q, caches, batch, block_size, tables.shape[1], scale, window, num_seqs, splits)
+    if num_tokens > num_seqs:
+        _launch_prefill(out, q, caches, batch, block_size, tables.shape[1], scale, window, num_tokens)
     return out
+
+
+def _launch_decode(xp, out, q, caches, batch, block_size, max_blocks, scale, window, rows, splits):
+    """rows = num_seqs: the decodes (q_len 1), split `splits` ways and merged; rows = num_tokens
+    (splits 1): every query row, through the generic entry."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_seqs, num_kv_heads = int(batch[3]), int(batch[5])
+    group = num_heads // num_kv_heads
+    all_rows = head_dim not in TEMPLATED_HEAD_DIMS
+    entry = f"paged_attention_decode_d{head_dim if head_dim in TEMPLATED_HEAD_DIMS else 0}"
+    if splits > 1:
+        part_out = xp.empty((num_seqs, num_heads, splits, head_dim), dtype=np.float32)
+        part_stats = xp.empty((num_seqs, num_heads, splits, 2), dtype=np.float32)
+    else:
+        part_out = part_stats = xp.empty((1,), dtype=np.float32)   # not written
+    shared_floats = group * DECODE_TILE + group * head_dim + 3 * group + DECODE_TILE
+    kernel("attention_decode.cu", entry, q.dtype)(
+        (rows, num_kv_heads, splits), (DECODE_THREADS,),
+        (out, part_out, part_stats, q, *caches, *batch, i32(head_dim), i32(block_size), i32(max_blocks),
+         stride(q, 0), stride(q, 1), np.float32(scale), i32(window), i32(all_rows)),
+        shared_mem=4 * shared_floats)
+    if splits > 1:
+        kernel("attention_decode.cu", "paged_attention_merge", q.dtype)(
+            (num_seqs, num_heads), (MERGE_THREADS,),
+            (out, part_out, part_stats, batch[2], batch[4], i32(head_dim), i32(splits)))
+
+
+def prefill_keys_per_tile(head_dim: int, itemsize: int) -> int:
+    """PrefillLayout::kKeys: K and V tiles together stay within 32 KiB."""
+    return 16 if itemsize * head_dim > 512 else 32
+
+
+def _launch_prefill(out, q, caches, batch, block_size, max_blocks, scale, window, num_tokens):
+    """Grid x: an upper bound of the prefill tiles, sum over sequences of ceil(q_len / tokens per
+    tile) <= ceil(num_tokens / tokens per tile) + num_seqs; the blocks past the last tile exit."""
+    num_heads, head_dim = q.shape[1:]
+    num_seqs, num_kv_heads = int(batch[3]), int(batch[5])
+    group = num_heads // num_kv_heads
+    if group > PREFILL_ROWS:
+        raise ValueError(f"paged_attention prefill kernel: group {group} > {PREFILL_ROWS} query rows per tile")
+    tokens_per_tile = PREFILL_ROWS // group
+    keys = prefill_keys_per_tile(head_dim, q.dtype.itemsize)
+    shared = 4 * PREFILL_ROWS * (keys + 4 + 3) + 2 * keys * head_dim * q.dtype.itemsize
+    kernel("attention_prefill.cu", f"paged_attention_prefill_d{head_dim}", q.dtype)(
+        (-(-num_tokens // tokens_per_tile) + num_seqs, num_kv_heads), (2 * head_dim,),
+        (out, q, *caches, *batch, i32(block_size), i32(max_blocks), stride(q, 0), stride(q, 1),
+         np.float32(scale), i32(window)),
+        shared_mem=shared)

@@ -1,0 +1,318 @@
+// attention_decode.cu -- paged attention of single query rows (decode; also any row of a prefill
+// when head_dim has no tiled prefill instantiation), with split-KV (flash-decoding) and its merge.
+// Batch layout and masking: attention_common.cuh. NumPy twin: ember_cupy/ops/attention.py.
+//
+// Grid (rows, KV heads, splits). all_rows = 0: block x is sequence x, served only when its q_len
+// is 1 (a decode); all_rows = 1: block x is query row x of any sequence. One block serves the whole
+// GQA group of its KV head, so each K/V row is read once per group. With splits > 1 (decode only)
+// split z covers the z-th key range of the row and writes its unnormalised output, running max and
+// running sum to part_out / part_stats; merge_splits combines them.
+//
+// Thread layout: a K/V row of head_dim elements is read by a segment of kLanes lanes, each with
+// kRowVectors 16-byte vectors (kVec elements), so a warp reads whole rows contiguously. Segments
+// are spread over the group's heads (a lane keeps its slice of q and of the output, for up to
+// kHeadSlots heads, in registers) and over key classes r = 0 .. R-1 (keys j = r mod R). Per
+// tile of kDecodeTile keys: scores (dot over the lane's slice, reduced across the segment by
+// shuffles) -> online softmax per head -> values (p * V into the registers). kUnroll rows are
+// loaded before they are used, to keep several loads in flight.
+#include "attention_common.cuh"
+
+namespace ember {
+
+constexpr int kDecodeThreads = 128;
+constexpr int kDecodeTile = 64;   // keys per tile
+constexpr int kSplitAlign = 16;   // split key ranges are multiples of this
+constexpr int kSlotFloats = 8;    // floats of q (and of the output) a thread keeps per row
+
+template <class T, int kHeadDim>  // kHeadDim = 0: any head_dim <= 128, element loads
+struct DecodeLayout {
+  static constexpr bool kGeneric = kHeadDim == 0;
+  static constexpr int kVec = kGeneric ? 1 : int(16 / sizeof(T));
+  static constexpr int kVectors = kGeneric ? 128 : kHeadDim / kVec;           // per row
+  static constexpr int kLanes = kVectors < 32 ? kVectors : 32;                 // per row
+  static constexpr int kRowVectors = kVectors / kLanes;                        // per lane
+  static constexpr int kSegments = kDecodeThreads / kLanes;
+  static constexpr int kHeadSlots = kSlotFloats / (kVec * kRowVectors);
+  static constexpr int kUnroll = kRowVectors >= 4 ? 1 : 4 / kRowVectors;
+  static_assert(kGeneric || kHeadDim % (kVec * kLanes) == 0, "head_dim: a power of two >= 8 vectors");
+  static_assert(kHeadSlots >= 1, "a thread must hold at least one head's slice");
+};
+
+// Which heads, key class and elements a thread owns (all block-uniform but lane/seg).
+struct DecodeThread {
+  int group, heads_per_segment, classes, head0, key_class, lane, segments;
+  bool active;
+  __device__ int head(int a) const { return head0 + a * segments; }
+  __device__ bool owns(int a) const { return a < heads_per_segment && head(a) < group; }
+};
+
+template <class L>
+__device__ __forceinline__ DecodeThread decode_thread(int group) {
+  DecodeThread t;
+  const int segment = threadIdx.x / L::kLanes;
+  t.group = group;
+  t.segments = L::kSegments;
+  t.lane = threadIdx.x % L::kLanes;
+  t.heads_per_segment = (group + L::kSegments - 1) / L::kSegments;
+  const bool one_head = t.heads_per_segment == 1;
+  t.classes = one_head ? L::kSegments / group : 1;
+  t.head0 = one_head ? segment % group : segment;
+  t.key_class = one_head ? segment / group : 0;
+  t.active = t.key_class < t.classes;
+  return t;
+}
+
+template <class L>
+__device__ __forceinline__ int element(const DecodeThread& t, int nv) {  // first of kVec
+  return (nv * L::kLanes + t.lane) * L::kVec;
+}
+
+// kUnroll rows of the tile (keys j0 + u * classes + key_class) as this thread's vectors.
+template <class T, class L>
+__device__ __forceinline__ void load_rows(Vec<T, L::kVec> (&rows)[L::kUnroll][L::kRowVectors],
+                                          const T* cache, const int* slots, int j0, int n,
+                                          const DecodeThread& t, int head_dim, long long kv_offset,
+                                          int row) {
+#pragma unroll
+  for (int u = 0; u < L::kUnroll; ++u) {
+    const int j = j0 + u * t.classes + t.key_class;
+    const bool valid = t.active && j < n;
+#pragma unroll
+    for (int nv = 0; nv < L::kRowVectors; ++nv) {
+      const int d = element<L>(t, nv);
+      if (valid && d < head_dim) {
+        rows[u][nv] = load_vec<T, L::kVec>(cache + (long long)slots[j] * row + kv_offset + d);
+      } else {
+#pragma unroll
+        for (int e = 0; e < L::kVec; ++e) rows[u][nv].v[e] = from_float<T>(0.0f);
+      }
+    }
+  }
+}
+
+template <class T, class L>
+__device__ void decode_scores(float* scores, const float (&qv)[L::kHeadSlots][L::kRowVectors][L::kVec],
+                              const T* k_cache, const int* slots, int n, const DecodeThread& t,
+                              int head_dim, long long kv_offset, int row) {
+  // every thread runs the same rounds: the segment reductions are full-warp shuffles
+  for (int j0 = 0; j0 < n; j0 += t.classes * L::kUnroll) {
+    Vec<T, L::kVec> rows[L::kUnroll][L::kRowVectors];
+    load_rows<T, L>(rows, k_cache, slots, j0, n, t, head_dim, kv_offset, row);
+#pragma unroll
+    for (int u = 0; u < L::kUnroll; ++u) {
+      const int j = j0 + u * t.classes + t.key_class;
+#pragma unroll
+      for (int a = 0; a < L::kHeadSlots; ++a) {
+        if (a >= t.heads_per_segment) break;  // block-uniform
+        float dot = 0.0f;
+#pragma unroll
+        for (int nv = 0; nv < L::kRowVectors; ++nv)
+#pragma unroll
+          for (int e = 0; e < L::kVec; ++e) dot += qv[a][nv][e] * to_float(rows[u][nv].v[e]);
+        for (int offset = L::kLanes / 2; offset > 0; offset >>= 1) dot += __shfl_xor_sync(kFullMask, dot, offset);
+        if (t.lane == 0 && t.active && j < n && t.owns(a)) scores[t.head(a) * kDecodeTile + j] = dot;
+      }
+    }
+  }
+}
+
+// Scores -> exp(score - new max) in place; running max and sum per head; the tile's rescale.
+__device__ __forceinline__ void decode_softmax(float* scores, float* row_max, float* row_sum, float* rescale,
+                                               int n, int group) {
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  for (int g = threadIdx.x >> 5; g < group; g += warps) {
+    float* p = scores + g * kDecodeTile;
+    float tile_max = neg_inf();
+    for (int j = lane; j < n; j += 32) tile_max = fmaxf(tile_max, p[j]);
+    const float old_max = row_max[g];
+    const float new_max = fmaxf(old_max, warp_max(tile_max));
+    float tile_sum = 0.0f;
+    for (int j = lane; j < n; j += 32) {
+      p[j] = expf(p[j] - new_max);
+      tile_sum += p[j];
+    }
+    tile_sum = warp_sum(tile_sum);
+    __syncwarp();  // every lane has read row_max[g] before lane 0 updates it
+    if (lane == 0) {
+      const float scale = exp_shifted(old_max, new_max);
+      rescale[g] = scale;
+      row_sum[g] = row_sum[g] * scale + tile_sum;
+      row_max[g] = new_max;
+    }
+  }
+}
+
+template <class T, class L>
+__device__ void decode_values(float (&acc)[L::kHeadSlots][L::kRowVectors][L::kVec], const float* probs,
+                              const float* rescale, const T* v_cache, const int* slots, int n,
+                              const DecodeThread& t, int head_dim, long long kv_offset, int row) {
+#pragma unroll
+  for (int a = 0; a < L::kHeadSlots; ++a) {
+    const float scale = t.owns(a) ? rescale[t.head(a)] : 0.0f;
+#pragma unroll
+    for (int nv = 0; nv < L::kRowVectors; ++nv)
+#pragma unroll
+      for (int e = 0; e < L::kVec; ++e) acc[a][nv][e] *= scale;
+  }
+  for (int j0 = 0; j0 < n; j0 += t.classes * L::kUnroll) {
+    Vec<T, L::kVec> rows[L::kUnroll][L::kRowVectors];
+    load_rows<T, L>(rows, v_cache, slots, j0, n, t, head_dim, kv_offset, row);
+#pragma unroll
+    for (int u = 0; u < L::kUnroll; ++u) {
+      const int j = j0 + u * t.classes + t.key_class;
+      if (!t.active || j >= n) continue;
+#pragma unroll
+      for (int a = 0; a < L::kHeadSlots; ++a) {
+        if (!t.owns(a)) continue;
+        const float p = probs[t.head(a) * kDecodeTile + j];
+#pragma unroll
+        for (int nv = 0; nv < L::kRowVectors; ++nv)
+#pragma unroll
+          for (int e = 0; e < L::kVec; ++e) acc[a][nv][e] += p * to_float(rows[u][nv].v[e]);
+      }
+    }
+  }
+}
+
+template <class T, int kHeadDim>
+__device__ void decode_attention(T* __restrict__ out, float* __restrict__ part_out, float* __restrict__ part_stats,
+                                 const T* __restrict__ q, const T* __restrict__ k_cache,
+                                 const T* __restrict__ v_cache, const int* __restrict__ block_tables,
+                                 const int* __restrict__ context_lens, const int* __restrict__ query_start_loc,
+                                 int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                                 int max_blocks, int q_token_stride, int q_head_stride, float scale, int window,
+                                 int all_rows) {
+  using L = DecodeLayout<T, kHeadDim>;
+  const int kv_head = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  const int group = num_heads / num_kv_heads;
+  const int seq = all_rows ? sequence_of(query_start_loc, num_seqs, blockIdx.x) : blockIdx.x;
+  const int q_start = query_start_loc[seq], q_len = query_start_loc[seq + 1] - q_start;
+  if (!all_rows && q_len != 1) return;  // a prefill row: attention_prefill.cu serves it
+  const int token = all_rows ? blockIdx.x : q_start;
+  const int num_keys = context_lens[seq] - q_len + (token - q_start) + 1;
+  const int first_key = first_visible_key(num_keys - 1, window);
+  const int span = ((num_keys - first_key + splits - 1) / splits + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
+  const int lo = first_key + split * span, hi = min(lo + span, num_keys);
+  const int* table = block_tables + (long long)seq * max_blocks;
+  const int row = num_kv_heads * head_dim;
+  const long long kv_offset = (long long)kv_head * head_dim;
+
+  EMBER_DYNAMIC_SHARED(float, base);
+  float* scores = base;                                  // [group, kDecodeTile]
+  float* reduced = scores + group * kDecodeTile;         // [group, head_dim]
+  float* row_max = reduced + group * head_dim;           // [group]
+  float* row_sum = row_max + group;
+  float* rescale = row_sum + group;
+  int* slots = reinterpret_cast<int*>(rescale + group);  // [kDecodeTile]
+
+  const DecodeThread t = decode_thread<L>(group);
+  float qv[L::kHeadSlots][L::kRowVectors][L::kVec], acc[L::kHeadSlots][L::kRowVectors][L::kVec];
+#pragma unroll
+  for (int a = 0; a < L::kHeadSlots; ++a)
+#pragma unroll
+    for (int nv = 0; nv < L::kRowVectors; ++nv)
+#pragma unroll
+      for (int e = 0; e < L::kVec; ++e) {
+        const int d = element<L>(t, nv) + e, head = kv_head * group + t.head(a);
+        qv[a][nv][e] = t.owns(a) && d < head_dim
+            ? to_float(q[(long long)token * q_token_stride + (long long)head * q_head_stride + d]) * scale
+            : 0.0f;
+        acc[a][nv][e] = 0.0f;
+      }
+  for (int g = threadIdx.x; g < group; g += blockDim.x) {
+    row_max[g] = neg_inf();
+    row_sum[g] = 0.0f;
+  }
+  for (int e = threadIdx.x; e < group * head_dim; e += blockDim.x) reduced[e] = 0.0f;
+  __syncthreads();
+
+  for (int first = lo; first < hi; first += kDecodeTile) {
+    const int n = min(kDecodeTile, hi - first);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) slots[j] = cache_slot(table, first + j, block_size);
+    __syncthreads();
+    decode_scores<T, L>(scores, qv, k_cache, slots, n, t, head_dim, kv_offset, row);
+    __syncthreads();
+    decode_softmax(scores, row_max, row_sum, rescale, n, group);
+    __syncthreads();
+    decode_values<T, L>(acc, scores, rescale, v_cache, slots, n, t, head_dim, kv_offset, row);
+    __syncthreads();
+  }
+
+  for (int c = 0; c < t.classes; ++c) {  // key classes add their outputs in turn
+    if (t.active && t.key_class == c) {
+#pragma unroll
+      for (int a = 0; a < L::kHeadSlots; ++a)
+#pragma unroll
+        for (int nv = 0; nv < L::kRowVectors; ++nv)
+#pragma unroll
+          for (int e = 0; e < L::kVec; ++e) {
+            const int d = element<L>(t, nv) + e;
+            if (t.owns(a) && d < head_dim) reduced[t.head(a) * head_dim + d] += acc[a][nv][e];
+          }
+    }
+    __syncthreads();
+  }
+
+  const long long part = ((long long)seq * num_heads + kv_head * group) * splits + split;  // of head g: + g * splits
+  for (int e = threadIdx.x; e < group * head_dim; e += blockDim.x) {
+    const int g = e / head_dim, d = e % head_dim;
+    if (splits == 1)
+      out[((long long)token * num_heads + kv_head * group + g) * head_dim + d] = from_float<T>(reduced[e] / row_sum[g]);
+    else
+      part_out[(part + (long long)g * splits) * head_dim + d] = reduced[e];
+  }
+  if (splits > 1) {
+    for (int g = threadIdx.x; g < group; g += blockDim.x) {
+      part_stats[(part + (long long)g * splits) * 2] = row_max[g];
+      part_stats[(part + (long long)g * splits) * 2 + 1] = row_sum[g];
+    }
+  }
+}
+
+// One block per (sequence, query head) of the decodes: out = sum_z w_z acc_z / sum_z w_z sum_z,
+// w_z = exp(max_z - max over z); a split with an empty key range (max -inf) weighs 0.
+template <class T>
+__device__ void merge_splits(T* __restrict__ out, const float* __restrict__ part_out,
+                             const float* __restrict__ part_stats, const int* __restrict__ query_start_loc,
+                             int num_heads, int head_dim, int splits) {
+  const int seq = blockIdx.x, head = blockIdx.y;
+  const int q_start = query_start_loc[seq];
+  if (query_start_loc[seq + 1] - q_start != 1) return;
+  const long long part = ((long long)seq * num_heads + head) * splits;
+  const float* stats = part_stats + part * 2;
+  float top = neg_inf();
+  for (int z = 0; z < splits; ++z) top = fmaxf(top, stats[2 * z]);
+  float total = 0.0f;
+  for (int z = 0; z < splits; ++z) total += exp_shifted(stats[2 * z], top) * stats[2 * z + 1];
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int z = 0; z < splits; ++z) sum += exp_shifted(stats[2 * z], top) * part_out[(part + z) * head_dim + d];
+    out[((long long)q_start * num_heads + head) * head_dim + d] = from_float<T>(sum / total);
+  }
+}
+
+}  // namespace ember
+
+#define EMBER_DECODE_ENTRY(suffix, T, D)                                                               \
+  extern "C" __global__ void paged_attention_decode_d##D##_##suffix(                                   \
+      T* out, float* part_out, float* part_stats, const T* q, const T* k_cache, const T* v_cache,     \
+      const int* block_tables, const int* context_lens, const int* query_start_loc, int num_seqs,     \
+      int num_heads, int num_kv_heads, int head_dim, int block_size, int max_blocks, int q_token_stride, \
+      int q_head_stride, float scale, int window, int all_rows) {                                      \
+    ember::decode_attention<T, D>(out, part_out, part_stats, q, k_cache, v_cache, block_tables,        \
+                                  context_lens, query_start_loc, num_seqs, num_heads, num_kv_heads,    \
+                                  head_dim, block_size, max_blocks, q_token_stride, q_head_stride,     \
+                                  scale, window, all_rows);                                            \
+  }
+
+#define EMBER_DECODE_ENTRIES(suffix, T)                                                                \
+  EMBER_DECODE_ENTRY(suffix, T, 0)                                                                     \
+  EMBER_DECODE_ENTRY(suffix, T, 64)                                                                    \
+  EMBER_DECODE_ENTRY(suffix, T, 128)                                                                   \
+  EMBER_DECODE_ENTRY(suffix, T, 256)                                                                   \
+  extern "C" __global__ void paged_attention_merge_##suffix(                                           \
+      T* out, const float* part_out, const float* part_stats, const int* query_start_loc,             \
+      int num_heads, int head_dim, int splits) {                                                       \
+    ember::merge_splits<T>(out, part_out, part_stats, query_start_loc, num_heads, head_dim, splits);   \
+  }
+EMBER_FOR_EACH_DTYPE(EMBER_DECODE_ENTRIES)
