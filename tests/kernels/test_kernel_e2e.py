@@ -20,7 +20,7 @@ PROMPTS = [
 ]
 BLOCK_SIZE = 16
 KERNELS = {"rms_norm_f32", "fused_add_rms_norm_f32", "silu_and_mul_f32", "rotary_f32", "write_kv_f32",
-           "paged_attention_f32"}
+           "paged_attention_decode_d64_f32", "paged_attention_prefill_d64_f32"}
 
 
 class _Recorder:
