@@ -85,11 +85,12 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
          help="K/V cache storage (auto: float16 on the CPU with host kernels, halving KV memory and the "
               "bytes attention reads, except with --quantization none; else the --dtype)")
     _add(g, "--quantization", choices=QUANTIZATIONS, default="auto",
-         help="weight format: auto = as stored (GGUF blocks stay quantized, host kernels), "
+         help="weight format: auto = as stored (GGUF blocks stay quantized: host kernels; on CuPy "
+              "Q8_0/Q4_0/Q4_1 through CUDA kernels, other GGUF types dequantized), "
               "none = dequantize to float (the exact reference), q8_0 = quantize every matrix")
     _add(g, "--activation-passes", type=int, choices=(1, 2), default=2,
          help="int8 passes over a quantized matmul's input: 2 = value + residual (~14 bits, faithful), "
-              "1 = llama.cpp's single pass (faster batches, less faithful)")
+              "1 = llama.cpp's single pass (faster batches, less faithful); CuPy: weight-only, unused")
     _add(g, "--no-progress", action="store_true", default=False, help="no progress bar while loading")
 
 

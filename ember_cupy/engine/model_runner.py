@@ -1,7 +1,6 @@
 """Turns a scheduled batch into one forward pass over the paged KV pool."""
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,8 +14,6 @@ from ember_cupy.model.llama import BatchMetadata, LlamaModel
 from ember_cupy.engine.step_buffers import StepBuffers
 from ember_cupy.engine.warmup import warm_up
 from ember_cupy.ops.cache import resolve_kv_cache_dtype
-
-logger = logging.getLogger("ember_cupy.runner")
 
 
 def resolve_dtype(name: str, xp, stored_dtype: str | None = None) -> np.dtype:
@@ -76,16 +73,6 @@ def kv_block_bytes(model: ModelConfig, block_size: int, itemsize: int) -> int:
     return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * itemsize
 
 
-def serving_quantization(config: EngineConfig, xp) -> str:
-    """The weights' serving format: quantized blocks need the host kernels' backend (NumPy);
-    on CuPy the matrices are dequantized to the device dtype until CUDA quantized GEMMs exist."""
-    if xp is not np and config.quantization != "none":
-        logger.warning("quantization=%s is served on the CPU backend only; CuPy computes in %s",
-                       config.quantization, config.dtype)
-        return "none"
-    return config.quantization
-
-
 class ModelRunner:
     def __init__(self, checkpoint: Checkpoint, config: EngineConfig, xp=np, dtype=None,
                  consume_checkpoint: bool = False):
@@ -96,7 +83,7 @@ class ModelRunner:
                  else np.dtype(dtype))
         if xp is not np:
             _configure_cupy()
-        self.quantization = serving_quantization(config, xp)
+        self.quantization = config.quantization   # model/weights.py: what each backend serves quantized
         self.model = LlamaModel(checkpoint, xp=xp, dtype=dtype, quantization=self.quantization,
                                 consume=consume_checkpoint, activation_passes=config.activation_passes)
         kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype, xp, self.quantization)

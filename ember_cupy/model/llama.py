@@ -22,7 +22,7 @@ from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.weights import is_quantized, linear_weight, vocab_matrix
 from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops.layer import layer_args, llama_layer, step_args
-from ember_cupy.ops.linear import embedding, linear
+from ember_cupy.ops.linear import embedding, linear, matmul_q
 
 
 _LM_HEAD_SLICE = 1024
@@ -77,10 +77,10 @@ class LlamaModel:
         cfg = self.config
         put = lambda array: xp.asarray(np.ascontiguousarray(array, dtype=dtype))  # noqa: E731
         take = checkpoint.take if consume else checkpoint.require
-        self.embed = vocab_matrix(take("embed"), quantization, put)
+        self.embed = vocab_matrix(take("embed"), quantization, put, xp)
         self.norm = put(take("norm"))
-        self.lm_head = self.embed if cfg.tie_word_embeddings else vocab_matrix(take("lm_head"), quantization, put)
-        self.layers = [self._layer(take, checkpoint.weights, i, put, quantization)
+        self.lm_head = self.embed if cfg.tie_word_embeddings else vocab_matrix(take("lm_head"), quantization, put, xp)
+        self.layers = [self._layer(take, checkpoint.weights, i, put, quantization, xp)
                        for i in range(cfg.num_layers)]
         max_positions = max(cfg.max_position_embeddings, 1)
         freq_factors = checkpoint.weights.get("rope_freqs")   # llama.cpp's llama3 RoPE scaling
@@ -93,9 +93,9 @@ class LlamaModel:
         self._fusable = is_plain_llama(cfg)
 
     @staticmethod
-    def _layer(take, weights: dict, index: int, put, quantization: str) -> LayerWeights:
+    def _layer(take, weights: dict, index: int, put, quantization: str, xp) -> LayerWeights:
         get = lambda name: take(f"layers.{index}.{name}")  # noqa: E731
-        matrix = lambda name: linear_weight(get(name), quantization, put)  # noqa: E731
+        matrix = lambda name: linear_weight(get(name), quantization, put, xp)  # noqa: E731
         optional = lambda name: put(get(name)) if f"layers.{index}.{name}" in weights else None  # noqa: E731
         return LayerWeights(
             attn_norm=put(get("attn_norm")),
@@ -129,7 +129,7 @@ class LlamaModel:
         """input_ids [T] -> the final-normed hidden states of the logits_indices rows
         [len(logits_indices), hidden]: what the LM head reads, and what embeddings pool."""
         cfg = self.config
-        hidden = embedding(self.embed, input_ids)
+        hidden = embedding(self.embed, input_ids, self.dtype)
         if cfg.embedding_scale != 1.0:
             hidden = hidden * hidden.dtype.type(cfg.embedding_scale)
         fused = None if _cuda.wants_kernel(hidden) else self._fused_layers(kv_caches)
@@ -201,7 +201,7 @@ class LlamaModel:
         """x @ lm_head.T. For 2-24 rows on NumPy, lm_head @ x.T over slices of 1024 vocab rows
         is 1.3-1.6x faster with OpenBLAS (measured): the big matrix is not packed in one go."""
         if is_quantized(self.lm_head):
-            return linear(x, self.lm_head, self.activation_passes)
+            return matmul_q(x, self.lm_head, passes=self.activation_passes, out_dtype=np.float32)
         rows = x.shape[0]
         if self.xp is not np:
             return self._logits_fp32(x)

@@ -5,43 +5,53 @@
   none  everything dequantized to float (the exact reference mode);
   q8_0  every matrix quantized to Q8_0 (fp16/bf16/fp32 checkpoints too).
 
+On a device (xp is not NumPy) the CUDA kernels (cuda/matmul_q.cu) serve Q8_0, Q4_0 and Q4_1 as
+stored, on the device; with auto, other GGUF types are dequantized to the device dtype instead.
+
 A float linear weight is stored [in, out] (`x @ W`), a quantized one [out, in] as GGUF rows.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ember_cupy.quant import PackedWeight, QuantizedTensor, quantize_q8_0, to_kernel_format
+from ember_cupy.quant import (DEVICE_FORMATS, DeviceQuantizedWeight, PackedWeight, QuantizedTensor, quantize_q8_0,
+                              to_device_format, to_kernel_format)
 
 
-def _quantized(tensor: QuantizedTensor, quantization: str) -> PackedWeight:
+def _quantized(tensor: QuantizedTensor, quantization: str, xp):
     if quantization == "q8_0" and tensor.qtype != "Q8_0":
         tensor = quantize_q8_0(tensor.dequantize())
+    if xp is not np:
+        return to_device_format(tensor, xp.asarray)
     return to_kernel_format(tensor)
 
 
-def linear_weight(weight, quantization: str, put):
+def _served_as_float(tensor: QuantizedTensor, quantization: str, xp) -> bool:
+    return quantization == "none" or (xp is not np and quantization == "auto" and tensor.qtype not in DEVICE_FORMATS)
+
+
+def linear_weight(weight, quantization: str, put, xp=np):
     """A linear layer's weight (float [in, out] or QuantizedTensor [out, in]) in serving format;
-    `put` moves a float array to the backend in its dtype."""
+    `put` moves a float array to the backend in its dtype, `xp` is the backend."""
     if isinstance(weight, QuantizedTensor):
-        if quantization == "none":
+        if _served_as_float(weight, quantization, xp):
             return put(weight.dequantize().T)
-        return _quantized(weight, quantization)
+        return _quantized(weight, quantization, xp)
     if quantization == "q8_0":
-        return to_kernel_format(quantize_q8_0(np.asarray(weight).T))
+        return _quantized(quantize_q8_0(np.asarray(weight).T), quantization, xp)
     return put(weight)
 
 
-def vocab_matrix(weight, quantization: str, put):
+def vocab_matrix(weight, quantization: str, put, xp=np):
     """The embedding table or the LM head, [vocab, hidden], in serving format."""
     if isinstance(weight, QuantizedTensor):
-        if quantization == "none":
+        if _served_as_float(weight, quantization, xp):
             return put(weight.dequantize())
-        return _quantized(weight, quantization)
+        return _quantized(weight, quantization, xp)
     if quantization == "q8_0":
-        return to_kernel_format(quantize_q8_0(weight))
+        return _quantized(quantize_q8_0(weight), quantization, xp)
     return put(weight)
 
 
 def is_quantized(weight) -> bool:
-    return isinstance(weight, PackedWeight)
+    return isinstance(weight, (PackedWeight, DeviceQuantizedWeight))

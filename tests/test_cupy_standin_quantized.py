@@ -1,0 +1,75 @@
+"""The quantized CuPy path end to end on the CPU: the stand-in cupy (tests/kernels/shim/standin_cupy.py)
+serves the real default model (SmolLM2-135M, Q4_1 matrices, Q8_0 tied embedding / LM head) in its
+GGUF blocks on the 'device', through cuda/matmul_q.cu on the CPU shim (GEMV for decode and short
+prefill chunks, dequantized slices + matmul for long ones; embedding rows dequantized by kernel),
+and must give the greedy tokens of the NumPy backend serving the same weights dequantized
+(quantization="none": weight-only quantization computes x @ W with W's exact values)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember_cupy import LLM, SamplingParams
+from ember_cupy.model.loader import default_model_path
+from ember_cupy.quant import DeviceQuantizedWeight
+
+from kernels.shim import standin_cupy
+
+# the first prompt is prefilled in one chunk of more than GEMV_MAX_ROWS (16) tokens
+PROMPTS = ["Once upon a time, in a land far away, there lived a king who had three daughters and",
+           "The capital of France is", "def fib(n):"]
+PARAMS = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+CONFIG = dict(max_num_batched_tokens=32, block_size=16, num_kv_blocks=16, dtype="float32")
+
+
+def greedy(llm) -> list[list[int]]:
+    return [list(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, PARAMS)]
+
+
+@pytest.fixture(scope="module")
+def numpy_tokens(checkpoint):
+    return greedy(LLM(checkpoint, quantization="none", **CONFIG))
+
+
+@pytest.fixture(scope="module")
+def standin_run():
+    """Tokens, the LLM, and the names of the kernels launched, on the stand-in cupy."""
+    launched = set()
+    call = standin_cupy.RawKernel.__call__
+
+    def recording(self, grid, block, args, **kwargs):
+        launched.add(self.name)
+        return call(self, grid, block, args, **kwargs)
+    with pytest.MonkeyPatch.context() as patch, standin_cupy.installed() as cupy:
+        patch.setattr(standin_cupy.RawKernel, "__call__", recording)
+        llm = LLM(default_model_path(), quantization="auto", **CONFIG)
+        yield greedy(llm), llm, launched, cupy
+
+
+def test_quantized_device_path_gives_the_numpy_backends_tokens(standin_run, numpy_tokens):
+    tokens, _, launched, _ = standin_run
+    assert tokens == numpy_tokens
+    # decode and short chunks: the Q4_1 GEMV (1 and 4 rows a read) and the Q8_0 LM head into f32
+    # logits; the long chunk: dequantized slices; the embedding rows: dequantized on the device
+    assert {"matmul_q_q4_1_r1_f32", "matmul_q_q4_1_r4_f32", "matmul_q_q8_0_r1_f32",
+            "dequantize_range_q4_1_f32", "dequantize_rows_q8_0_f32"} <= launched
+
+
+def test_the_device_holds_the_gguf_blocks(standin_run, checkpoint):
+    _, llm, _, cupy = standin_run
+    model = llm.engine.runner.model
+    assert llm.engine.runner.quantization == "auto"
+    matrices = [m for layer in model.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    assert {m.qtype for m in matrices} == {"Q4_1"} and model.embed.qtype == "Q8_0"
+    assert model.lm_head is model.embed                       # tied, held once
+    for weight in [*matrices, model.embed]:
+        assert isinstance(weight, DeviceQuantizedWeight)
+        for array in (weight.quants, weight.scales):
+            assert isinstance(array, cupy.ndarray) and not isinstance(array, np.ndarray)
+    # the bytes of the GGUF's tensors (the loader's, not consumed), a fifth of them in float32
+    stored = checkpoint.weights.values()
+    gguf_bytes = sum(int(w.nbytes) for w in stored)
+    fp32_bytes = 4 * sum(int(np.prod(w.shape)) for w in stored)
+    assert abs(model.weight_bytes() - gguf_bytes) <= 0.01 * gguf_bytes
+    assert model.weight_bytes() < fp32_bytes / 5
+    assert not llm.engine.checkpoint.weights      # consumed: no host copy left behind
