@@ -31,7 +31,8 @@ from ember_cupy.engine.sampling_batch import SamplingBatch
 from ember_cupy.ops import _cuda
 from ember_cupy.ops._kernel import array_module, i32, stride
 
-THREADS = 512             # one block per row; a multiple of 32
+MAX_THREADS = 512         # one block per row
+TOKENS_PER_THREAD = 8     # at least, for a small vocabulary (fewer, busier threads)
 EDIT_THREADS = 128
 MAX_TOP_LOGPROBS = 20     # kMaxTopLogprobs of cuda/sampling.cu
 
@@ -52,7 +53,7 @@ def sample_tokens_kernel(logits, batch: SamplingBatch):
     views = _device_views(batch, xp)
     tokens = xp.empty(batch.num_rows, dtype=np.int32)
     kernel = _cuda.function("sampling.cu", "sample_rows")
-    kernel((batch.num_rows,), (THREADS,), (tokens, logits, views["ints"], views["reals"], i32(logits.shape[1]),
+    kernel((batch.num_rows,), (threads_for(logits.shape[1]),), (tokens, logits, views["ints"], views["reals"], i32(logits.shape[1]),
                                             stride(logits, 0)))
     return tokens
 
@@ -70,9 +71,15 @@ def raw_logprobs_kernel(logits, batch: SamplingBatch, tokens):
     values = xp.empty((rows, MAX_TOP_LOGPROBS), dtype=np.float32)
     chosen = xp.empty(rows, dtype=np.float32)
     kernel = _cuda.function("sampling.cu", "raw_logprobs")
-    kernel((rows,), (THREADS,), (ids, values, chosen, logits, views["logprob_rows"], tokens,
+    kernel((rows,), (threads_for(logits.shape[1]),), (ids, values, chosen, logits, views["logprob_rows"], tokens,
                                   i32(logits.shape[1]), stride(logits, 0), i32(n)))
     return ids[:, :n], values[:, :n], chosen
+
+
+def threads_for(vocab: int) -> int:
+    """Threads of a row's block: a multiple of 32, at least 64 (two warps), at most MAX_THREADS."""
+    warps = -(-vocab // (32 * TOKENS_PER_THREAD))
+    return 32 * min(MAX_THREADS // 32, max(2, warps))
 
 
 def _check(logits, batch: SamplingBatch) -> None:

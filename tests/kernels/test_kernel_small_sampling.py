@@ -23,7 +23,7 @@ def test_small_logit_edits():
 
 
 def test_small_sample_rows():
-    vocab = 96
+    vocab = 600     # 96 threads a row: three warps
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_k=5, top_p=0.8),
               SamplingParams(temperature=1.3, min_p=0.1), SamplingParams(temperature=0.6),
               SamplingParams(top_p=0.5), SamplingParams(temperature=0.0)]
