@@ -15,7 +15,7 @@ from ember_cupy.quant import DeviceQuantizedWeight
 
 from kernels.shim import standin_cupy
 
-# the first prompt is prefilled in one chunk of more than GEMV_MAX_ROWS (16) tokens
+# the first prompt is prefilled in one chunk of more than GEMV_MAX_ROWS (8) tokens
 PROMPTS = ["Once upon a time, in a land far away, there lived a king who had three daughters and",
            "The capital of France is", "def fib(n):"]
 PARAMS = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)

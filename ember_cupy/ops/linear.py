@@ -7,11 +7,12 @@ kept in its GGUF blocks.
   dequantized W, the same arithmetic in real numbers);
 - `DeviceQuantizedWeight` (CUDA): weight-only, x stays in its float dtype; cuda/matmul_q.cu or its
   NumPy twin `matmul_q_cuda_numpy` (x @ dequantized W^T in fp32).
-For up to GEMV_MAX_ROWS rows the GEMV kernel reads W once per 4 rows of x and is bound by the
-weight bytes; above, W is dequantized into a scratch slice by slice and multiplied by cuBLAS on
-tensor cores: at M rows the GEMM does 2*M FLOPs per weight, which CUDA cores (~60 TFLOP/s) would
-make compute-bound from M ~ 16, while the scratch costs ~4.6 bytes per weight at 4.8 TB/s (Q4_1
-read 0.6 + f16 written 2 + read 2), less than cuBLAS's compute time from M ~ 64 on.
+For up to GEMV_MAX_ROWS rows the GEMV kernel reads W once per 4 rows of x; above, W is
+dequantized into a scratch slice by slice and multiplied by cuBLAS on tensor cores. Why 8 (an
+H200 estimate, no measurement): the GEMV spends ~3 issue slots per weight per 4-row read on
+unpacking and ~2 per weight per row on CUDA cores (33.5 T lane-instructions/s), ~0.9 ps per weight
+at M = 8; the scratch moves ~4.6 bytes per weight at 4.8 TB/s (Q4_1 0.6 read, 16-bit W written and
+read back), ~0.96 ps per weight whatever M. A tiled tensor-core kernel would beat both from M ~ 8.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops._kernel import array_module, i32, kernel
 from ember_cupy.quant import DeviceQuantizedWeight, PackedWeight, QuantizedTensor, fake_quantize_activations
 
-GEMV_MAX_ROWS = 16
+GEMV_MAX_ROWS = 8
 GEMV_ROWS_PER_BLOCK = 8          # weight rows per block of the GEMV (cuda/matmul_q.cu kRowsPerBlock)
 THREADS = 128                    # both kernels: 4 warps
 SCRATCH_BYTES = 64 << 20         # dequantized slice of W in the large-M path
@@ -109,10 +110,15 @@ def matmul_q_cuda(x, weight: DeviceQuantizedWeight, out_dtype=None):
 
 
 def matmul_q_cuda_numpy(x, weight: DeviceQuantizedWeight, out_dtype=None):
-    """The NumPy twin of matmul_q_cuda: x @ W^T in float32, W dequantized from the same blocks."""
+    """The NumPy twin of matmul_q_cuda: x @ W^T in float32, W dequantized from the same blocks;
+    above GEMV_MAX_ROWS rows W is rounded to a 16-bit output's dtype first, as its scratch is
+    (what quantization="none" serves on the device anyway)."""
     _check_device(x, weight)
     out_dtype = np.dtype(x.dtype if out_dtype is None else out_dtype)
-    return (np.asarray(x, dtype=np.float32) @ weight.dequantize().T).astype(out_dtype)
+    w = weight.dequantize()
+    if x.shape[0] > GEMV_MAX_ROWS:
+        w = w.astype(out_dtype).astype(np.float32)
+    return (np.asarray(x, dtype=np.float32) @ w.T).astype(out_dtype)
 
 
 def dequantize_rows_numpy(weight: DeviceQuantizedWeight, ids, dtype=np.float32):
