@@ -344,6 +344,8 @@ __device__ void prefill_attention(T* __restrict__ out, const T* __restrict__ q, 
 
 }  // namespace ember
 
+// No __launch_bounds__: with it ptxas spends up to 128 registers (over the 96 budget) or spills;
+// without it every entry takes <= 96 (tools/check_kernels.py), so even 512 threads launch.
 #define EMBER_PREFILL_ENTRY(suffix, T, D)                                                              \
   extern "C" __global__ void                                                                           \
       paged_attention_prefill_d##D##_##suffix(                                                         \
