@@ -26,10 +26,18 @@ Order of processing, as vLLM v1's sampler:
    (tokens by decreasing probability when a filter sorted them, else by id): a seeded request
    gets the same tokens whatever else shares its batch.
 
-No full-vocabulary sort: top-k is a partition (one for the whole batch) and a sort of the k
+Where it runs: the same steps for NumPy and CuPy logits, each step a function with a NumPy twin
+(below, the host path) and a kernel of cuda/sampling.cu (ember_cupy/engine/device_sampler.py, for
+device arrays): apply_logit_edits (2-4), sample_tokens (5-7), raw_logprobs (1). A step's
+parameters, uniforms and sparse edits are one SamplingBatch (sampling_batch.py), uploaded once;
+on the device only token ids and the requested logprobs come back. The device walks the same
+order with the same uniforms; where floating point decides between two neighbouring tokens it
+may pick the other (device_sampler.py states the tolerance).
+
+No full-vocabulary sort. Host: top-k is a partition (one for the whole batch) and a sort of the k
 survivors; top-p alone sorts only the tokens above a partition threshold of 256, 2048 or 16384
 candidates, the first set whose mass reaches top_p (it then holds every token top-p keeps), and
-sorts the whole vocabulary only when none does.
+sorts the whole vocabulary only when none does. Device: radix descents over the row, one block a row.
 
 Non-finite logits: NaN counts as -inf, so it is never sampled while anything else can be. A row
 with +inf logits has the limit distribution: uniform over its +inf tokens (the filters still
