@@ -1,5 +1,8 @@
-"""cuda/attention.cu vs the NumPy twin in ember_cupy/ops/attention.py: decode, prefill, chunked
-prefill and mixed batches; scattered block tables; GQA 1/3/8; fp32/fp16/bf16; q a view into qkv."""
+"""cuda/attention_decode.cu + cuda/attention_prefill.cu (through ops.paged_attention's dispatch)
+vs the NumPy twin in ember_cupy/ops/attention.py: decode, prefill, chunked prefill and mixed
+batches; scattered block tables; GQA 1/3/8; fp32/fp16/bf16; q a view into qkv. head_dim 64 takes
+the templated decode and tiled prefill kernels, 16 and 32 the generic row kernel. Split-KV:
+test_kernel_attention_split.py."""
 from __future__ import annotations
 
 import numpy as np

@@ -53,5 +53,7 @@ def test_small_write_kv():
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_small_attention(dtype):
+    """head_dim 16: the generic row kernel for decode and prefill rows (the templated decode, split
+    and tiled prefill kernels: test_kernel_small_attention.py)."""
     rng = np.random.default_rng(24)
     check(*make_batch(rng, [1, 9, 20, 130], [1, 1, 6, 1], 4, 6, 2, 16, dtype), dtype)
