@@ -242,7 +242,9 @@ class Sampler:
         if logprobs is None:
             return entries
         ids, values, chosen = (to_host(a) for a in logprobs)
+        vocab = batch.vocab_size
         for j, (row, n) in enumerate(zip(batch.logprob_rows.tolist(), batch.logprob_counts)):
+            n = min(n, vocab)   # a vocabulary smaller than the request has only that many
             top = [(int(t), float(v)) for t, v in zip(ids[j, :n], values[j, :n])]
             entries[row] = TokenLogprobs(token_ids[row], float(chosen[j]), top)
         return entries

@@ -33,6 +33,7 @@ class SamplingBatch:
     entries: np.ndarray         # [n, 4] int32
     logprob_rows: np.ndarray    # [r] int32: the rows that report logprobs
     logprob_counts: list[int]   # how many top logprobs each of them wants
+    vocab_size: int
     device_views: tuple | None = field(default=None, repr=False, compare=False)   # (xp, views), device_sampler's
 
     @property
@@ -75,7 +76,7 @@ def build_batch(seqs: list[Sequence], vocab: int, eos_token_ids: list[int], unif
     offsets, entries = logit_edits(seqs, vocab, eos_token_ids)
     rows = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
     return SamplingBatch(ints, reals, offsets, entries, np.asarray(rows, dtype=np.int32),
-                         [seqs[i].params.logprobs for i in rows])
+                         [seqs[i].params.logprobs for i in rows], vocab)
 
 
 def logit_edits(seqs: list[Sequence], vocab: int, eos_token_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:

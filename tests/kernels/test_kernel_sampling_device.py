@@ -106,3 +106,17 @@ def test_sampler_on_the_kernels_equals_the_host_sampler():
             assert [t for t, _ in g.top] == [t for t, _ in w.top]
             np.testing.assert_allclose([v for _, v in g.top] + [g.logprob], [v for _, v in w.top] + [w.logprob],
                                        rtol=1e-5, atol=1e-5)
+
+
+def test_a_vocabulary_smaller_than_the_logprobs_asked_for():
+    from ember_cupy.engine.sequence import Sequence
+    logits = np.random.default_rng(0).standard_normal((2, 12)).astype(np.float32)
+
+    def seqs():
+        return [Sequence("a", [1], SamplingParams(temperature=0.0, logprobs=20), 5),
+                Sequence("b", [1], SamplingParams(temperature=1.0, seed=1, logprobs=3), 5)]
+    want = S.Sampler((0,))(logits.copy(), seqs())
+    got = on_kernel(S.Sampler((0,)), logits.copy(), seqs())
+    assert got.token_ids == want.token_ids
+    assert [[t for t, _ in e.top] for e in got.logprobs] == [[t for t, _ in e.top] for e in want.logprobs]
+    assert len(got.logprobs[0].top) == 12
