@@ -53,8 +53,8 @@ def sample_tokens_kernel(logits, batch: SamplingBatch):
     views = _device_views(batch, xp)
     tokens = xp.empty(batch.num_rows, dtype=np.int32)
     kernel = _cuda.function("sampling.cu", "sample_rows")
-    kernel((batch.num_rows,), (threads_for(logits.shape[1]),), (tokens, logits, views["ints"], views["reals"], i32(logits.shape[1]),
-                                            stride(logits, 0)))
+    kernel((batch.num_rows,), (threads_for(logits.shape[1]),),
+           (tokens, logits, views["ints"], views["reals"], i32(logits.shape[1]), stride(logits, 0)))
     return tokens
 
 
@@ -71,8 +71,8 @@ def raw_logprobs_kernel(logits, batch: SamplingBatch, tokens):
     values = xp.empty((rows, MAX_TOP_LOGPROBS), dtype=np.float32)
     chosen = xp.empty(rows, dtype=np.float32)
     kernel = _cuda.function("sampling.cu", "raw_logprobs")
-    kernel((rows,), (threads_for(logits.shape[1]),), (ids, values, chosen, logits, views["logprob_rows"], tokens,
-                                  i32(logits.shape[1]), stride(logits, 0), i32(n)))
+    kernel((rows,), (threads_for(logits.shape[1]),),
+           (ids, values, chosen, logits, views["logprob_rows"], tokens, i32(logits.shape[1]), stride(logits, 0), i32(n)))
     return ids[:, :n], values[:, :n], chosen
 
 

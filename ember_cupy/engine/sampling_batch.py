@@ -81,8 +81,11 @@ def build_batch(seqs: list[Sequence], vocab: int, eos_token_ids: list[int], unif
 
 def logit_edits(seqs: list[Sequence], vocab: int, eos_token_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """(offsets, entries) of the sparse edits, for the whole batch at once."""
-    banned = _keys(seqs, vocab, lambda s: (list(s.params.stop_token_ids) + ([] if s.params.ignore_eos else eos_token_ids))
-                   if s.num_output_tokens < s.params.min_tokens else ())
+    def banned_ids(s: Sequence):
+        if s.num_output_tokens >= s.params.min_tokens:
+            return ()
+        return list(s.params.stop_token_ids) + ([] if s.params.ignore_eos else eos_token_ids)
+    banned = _keys(seqs, vocab, banned_ids)
     biased = _keys(seqs, vocab, lambda s: s.params.logit_bias or ())
     repeated = _keys(seqs, vocab, lambda s: s.token_ids if s.params.repetition_penalty != 1.0 else ())
     counted = _keys(seqs, vocab, lambda s: s.output_token_ids
