@@ -11,7 +11,7 @@ import pytest
 
 from ember_cupy import LLM, SamplingParams
 from ember_cupy.model.loader import default_model_path
-from ember_cupy.quant import DeviceQuantizedWeight
+from ember_cupy.quant import DEVICE_FORMATS, DeviceQuantizedWeight
 
 from kernels.shim import standin_cupy
 
@@ -73,3 +73,27 @@ def test_the_device_holds_the_gguf_blocks(standin_run, checkpoint):
     assert abs(model.weight_bytes() - gguf_bytes) <= 0.01 * gguf_bytes
     assert model.weight_bytes() < fp32_bytes / 5
     assert not llm.engine.checkpoint.weights      # consumed: no host copy left behind
+
+
+@pytest.mark.parametrize("quantization, qtype, served", [
+    ("auto", "Q4_1", "Q4_1"), ("auto", "Q4_0", "Q4_0"), ("auto", "Q8_0", "Q8_0"),
+    ("auto", "Q5_0", "float"),          # no CUDA kernel: dequantized, as before
+    ("q8_0", "Q5_0", "Q8_0"), ("none", "Q4_1", "float")])
+def test_serving_format_on_the_device(quantization, qtype, served):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from ember_cupy.model.weights import linear_weight
+    from ember_cupy.quant import QuantizedTensor
+    weight = np.random.default_rng(0).standard_normal((8, 64), dtype=np.float32)
+    tensor = QuantizedTensor(qtype, quantize(weight, GGMLQuantizationType[qtype]), (8, 64))
+    with standin_cupy.installed() as cupy:
+        put = lambda array: cupy.asarray(np.ascontiguousarray(array, dtype=np.float32))  # noqa: E731
+        got = linear_weight(tensor, quantization, put, cupy)
+        if served == "float":
+            assert isinstance(got, cupy.ndarray) and got.shape == (64, 8)      # [in, out]
+            np.testing.assert_array_equal(got.get(), tensor.dequantize().T)
+        else:
+            assert isinstance(got, DeviceQuantizedWeight) and got.qtype == served
+            assert isinstance(got.quants, cupy.ndarray)
+            assert got.nbytes == 8 * (64 // 32) * DEVICE_FORMATS[served]     # the GGUF blocks' bytes
