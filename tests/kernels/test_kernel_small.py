@@ -51,9 +51,9 @@ def test_small_write_kv():
         np.testing.assert_array_equal(got.view(np.uint16), expected.view(np.uint16))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_small_attention(dtype):
+def test_small_attention():
     """head_dim 16: the generic row kernel for decode and prefill rows (the templated decode, split
-    and tiled prefill kernels: test_kernel_small_attention.py)."""
+    and tiled prefill kernels: test_kernel_small_attention.py). Under the sanitizers every warp
+    shuffle is a barrier of real threads, so one dtype and short contexts."""
     rng = np.random.default_rng(24)
-    check(*make_batch(rng, [1, 9, 20, 130], [1, 1, 6, 1], 4, 6, 2, 16, dtype), dtype)
+    check(*make_batch(rng, [1, 9, 20], [1, 1, 6], 4, 6, 2, 16, "float16"), "float16")
