@@ -146,6 +146,18 @@ def test_a_kernel_that_cannot_compile_fails_start_up(tiny, monkeypatch):
             LLM(tiny, **CONFIG)
 
 
+def test_start_up_launches_the_sampling_kernels(tiny, monkeypatch):
+    """A sampling kernel that fails only at launch (not at compile) still fails start-up."""
+    from ember_cupy.engine import device_sampler
+
+    def refused(logits, batch):
+        raise RuntimeError("CUDA_ERROR_LAUNCH_FAILED: sample_rows")
+    with standin_cupy.installed():
+        monkeypatch.setattr(device_sampler, "sample_tokens_kernel", refused)
+        with pytest.raises(StartupCheckError, match="sample_rows"):
+            LLM(tiny, **CONFIG)
+
+
 def test_standin_refuses_what_cupy_refuses():
     with standin_cupy.installed() as cupy:
         device = cupy.asarray(np.arange(6, dtype=np.float32).reshape(2, 3))

@@ -11,6 +11,8 @@ import ml_dtypes
 import numpy as np
 
 from ember_cupy import ops
+from ember_cupy.engine import sampler
+from ember_cupy.ops._kernel import array_module
 from ember_cupy.structured.bitmask import apply_token_bitmask
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -69,6 +71,54 @@ def _bitmask_args(put, rng, dtype):
     return [logits, mask, np.array([3, 1], np.int32)]      # the mask and rows travel from the host
 
 
+def _sampling_batch(rng, vocab: int, rows: int):
+    """Rows of every sampler branch (greedy, temperature, top-k, top-p, min_p, penalties, bias,
+    logprobs) on NaN / +inf / smooth logits; the batch is host data, as the sampler builds it."""
+    from ember_cupy import SamplingParams
+    from ember_cupy.engine.sampling_batch import build_batch
+    from ember_cupy.engine.sequence import Sequence
+    kinds = [dict(temperature=0.0), dict(temperature=0.8), dict(temperature=0.7, top_k=40, top_p=0.9),
+             dict(temperature=1.0, top_p=0.95), dict(temperature=1.1, min_p=0.05), dict(temperature=0.9, top_k=20),
+             dict(temperature=0.6, top_p=0.5, min_p=0.02), dict(temperature=0.0, repetition_penalty=1.3)]
+    seqs = []
+    for i in range(rows):
+        params = SamplingParams(**kinds[i % len(kinds)], frequency_penalty=0.3 * (i % 2), presence_penalty=0.2,
+                                logit_bias={5: 3.0, 7: -2.0}, logprobs=5 if i % 3 == 0 else None)
+        seq = Sequence(f"g{i}", rng.integers(0, vocab, 20).tolist(), params, 64)
+        seq.token_ids += rng.integers(0, vocab, 10).tolist()
+        seqs.append(seq)
+    logits = rng.standard_normal((rows, vocab), dtype=np.float32) * 3
+    logits[1, ::97] = np.nan
+    logits[2, [3, 9]] = np.inf
+    return logits, build_batch(seqs, vocab, [0], rng.random(rows))
+
+
+def _sampling_args(put, rng):
+    logits, batch = _sampling_batch(rng, 49152, 16)
+    return [put(logits), batch]
+
+
+def _one_hot(xp, shape, ids, values):
+    """ids [rows, n] marked with values in a [rows, vocab] array: a different id is an error >= 1/21."""
+    out = xp.zeros(shape, dtype=np.float32)
+    out[xp.arange(shape[0])[:, None], ids] = values
+    return out
+
+
+def _sampled_tokens(logits, batch):
+    """The sampled tokens as one-hot rows (a neighbouring id must not pass a relative tolerance)."""
+    xp = array_module(logits)
+    return _one_hot(xp, logits.shape, sampler.sample_tokens(logits, batch)[:, None], 1.0)
+
+
+def _raw_logprobs(logits, batch):
+    """Top-5 logprobs (values, ids one-hot by rank) and the sampled token's, of the logprob rows."""
+    xp = array_module(logits)
+    ids, values, chosen = sampler.raw_logprobs(logits, batch, sampler.sample_tokens(logits, batch))
+    ranks = xp.asarray(np.arange(1, ids.shape[1] + 1, dtype=np.float32))[None, :].repeat(ids.shape[0], axis=0)
+    return [values, chosen, _one_hot(xp, (ids.shape[0], logits.shape[1]), ids, ranks)]
+
+
 def cases(dtype: str):
     """(name, op, build(put, rng) -> args, indices of mutated args or None, output shapes to poison).
     `put` turns a host array into the operand (device copy, or float32 for the twin); views such as
@@ -93,6 +143,9 @@ def cases(dtype: str):
                    [((1 + 1 + 1 + 13 + 129, heads[0], heads[2]), dtype)])
     if dtype == "float32":   # the bitmask kernel masks float32 logits only
         yield "apply_token_bitmask", apply_token_bitmask, lambda put, rng: _bitmask_args(put, rng, dtype), [0], []
+        yield "apply_logit_edits", sampler.apply_logit_edits, _sampling_args, [0], []
+        yield "sample_rows", _sampled_tokens, _sampling_args, None, []
+        yield "raw_logprobs", _raw_logprobs, _sampling_args, None, []
 
 
 def check_all(xp, to_host, dtypes=DTYPES) -> list[dict]:
