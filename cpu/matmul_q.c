@@ -21,7 +21,9 @@
 #define ROWS 8                       /* weight rows interleaved together */
 #define MR 4                         /* rows of x per tile */
 #define GROUPS_PER_TASK 4            /* 32 weight rows per thread task */
-#define M_CHUNK 128                  /* rows of x whose int8 blocks stay in L2 */
+#ifndef X_TILE_BYTES
+#define X_TILE_BYTES 8192             /* int8 rows of x swept per weight group: they stay in L1 */
+#endif
 #ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 1024          /* weights streamed from DRAM: ask for them this far ahead */
 #endif
@@ -224,16 +226,19 @@ static void groups_against_x(const uint8_t *w, int32_t wtype, int64_t nb, const 
 }
 
 struct matmul_job {
-    const uint8_t *w; int32_t wtype, passes; int64_t nb, K, groups, N, ldy, m0, m1;
+    const uint8_t *w; int32_t wtype, passes; int64_t nb, K, groups, N, ldy, rows, chunk;
     const int8_t *xq; const float *xd, *xs; float *y;
 };
 
+/* A thread's tasks (GROUPS_PER_TASK weight groups each) against every chunk of x in turn: the
+ * chunk's int8 rows stay in L1 while its groups pass over them, its weight slice stays in L2. */
 static void matmul_tasks(void *ctx, int64_t begin, int64_t end) {
     const struct matmul_job *j = ctx;
-    for (int64_t t = begin; t < end; t++) {
-        const int64_t g1 = (t + 1) * GROUPS_PER_TASK < j->groups ? (t + 1) * GROUPS_PER_TASK : j->groups;
-        groups_against_x(j->w, j->wtype, j->nb, j->xq, j->K, j->xd, j->xs, j->passes, j->m0, j->m1,
-                         t * GROUPS_PER_TASK, g1, j->N, j->y, j->ldy);
+    for (int64_t m0 = 0; m0 < j->rows; m0 += j->chunk) {
+        const int64_t m1 = m0 + j->chunk < j->rows ? m0 + j->chunk : j->rows;
+        const int64_t g1 = end * GROUPS_PER_TASK < j->groups ? end * GROUPS_PER_TASK : j->groups;
+        groups_against_x(j->w, j->wtype, j->nb, j->xq, j->K, j->xd, j->xs, j->passes, m0, m1,
+                         begin * GROUPS_PER_TASK, g1, j->N, j->y, j->ldy);
     }
 }
 
@@ -265,12 +270,10 @@ EMBER_EXPORT int ember_matmul_q(const float *x, int64_t M, int64_t K, int64_t ld
     float *xs = xd + rows * nb;
     if (passes == 2) quantize_two_pass(x, M, K, ldx, xq, xd, xs, xs + rows * nb);
     else ember_quantize_q8(x, M, K, ldx, xq, xd, xs);
-    struct matmul_job job = {w, wtype, passes, nb, K, groups, N, ldy, 0, 0, xq, xd, xs, y};
-    const int64_t tasks = (groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK;
-    for (job.m0 = 0; job.m0 < rows; job.m0 += M_CHUNK) {   /* M_CHUNK is even: pairs stay whole */
-        job.m1 = job.m0 + M_CHUNK < rows ? job.m0 + M_CHUNK : rows;
-        ember_parallel_for(tasks, matmul_tasks, &job);
-    }
+    int64_t chunk = X_TILE_BYTES / K / MR * MR;   /* a multiple of MR: two-pass pairs stay whole */
+    if (chunk < MR) chunk = MR;
+    struct matmul_job job = {w, wtype, passes, nb, K, groups, N, ldy, rows, chunk, xq, xd, xs, y};
+    ember_parallel_for((groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK, matmul_tasks, &job);
     free(xq);
     free(xd);
     return 0;
