@@ -23,6 +23,10 @@ from ember_cupy.engine.sequence import Sequence
 ROW_INTS, ROW_REALS = 2, 8
 TEMPERATURE, TOP_P, MIN_P, UNIFORM, REPETITION, FREQUENCY, PRESENCE = range(7)
 BIAS, BANNED, REPEATED = 1, 2, 4
+# logit_edits sorts (key, kind) codes in one go (np.unique took ~7 ms for a batch of 16 with 1k-token
+# penalty windows under NumPy 2.4, and searchsorted of unsorted keys as long again; the sort ~0.5 ms)
+_KINDS, _COUNTED = 4, 3
+_FLAG_OF_KIND = np.array([BANNED, BIAS, REPEATED, 0], dtype=np.int32)   # banned, biased, repeated, counted
 
 
 @dataclass
@@ -81,6 +85,8 @@ def build_batch(seqs: list[Sequence], vocab: int, eos_token_ids: list[int], unif
 
 def logit_edits(seqs: list[Sequence], vocab: int, eos_token_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """(offsets, entries) of the sparse edits, for the whole batch at once."""
+    if not any(_has_edits(s) for s in seqs):   # the common case: no NumPy work at all
+        return np.zeros(len(seqs) + 1, dtype=np.int32), np.zeros((0, 4), dtype=np.int32)
     def banned_ids(s: Sequence):
         if s.num_output_tokens >= s.params.min_tokens:
             return ()
@@ -90,18 +96,28 @@ def logit_edits(seqs: list[Sequence], vocab: int, eos_token_ids: list[int]) -> t
     repeated = _keys(seqs, vocab, lambda s: s.token_ids if s.params.repetition_penalty != 1.0 else ())
     counted = _keys(seqs, vocab, lambda s: s.output_token_ids
                     if s.params.presence_penalty or s.params.frequency_penalty else ())
-    keys = np.unique(np.concatenate([banned, biased, repeated, counted]))
+    # one sort of (key, kind) codes gives the distinct keys, each key's flags and its count
+    kinds = [banned, biased, repeated, counted]
+    codes = np.sort(np.concatenate([keys * _KINDS + kind for kind, keys in enumerate(kinds)]))
+    if not len(codes):
+        return np.zeros(len(seqs) + 1, dtype=np.int32), np.zeros((0, 4), dtype=np.int32)
+    key, kind = codes // _KINDS, codes % _KINDS
+    starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+    keys = key[starts]
     entries = np.zeros((len(keys), 4), dtype=np.int32)
     entries[:, 0] = keys % vocab
-    entries[np.searchsorted(keys, biased), 1] |= BIAS
-    entries[np.searchsorted(keys, banned), 1] |= BANNED
-    entries[np.searchsorted(keys, repeated), 1] |= REPEATED
-    counted, counts = np.unique(counted, return_counts=True)
-    entries[np.searchsorted(keys, counted), 2] = counts
+    entries[:, 1] = np.bitwise_or.reduceat(_FLAG_OF_KIND[kind], starts)
+    entries[:, 2] = np.add.reduceat((kind == _COUNTED).astype(np.int32), starts)
     bias = np.fromiter(chain.from_iterable((s.params.logit_bias or {}).values() for s in seqs), dtype=np.float32)
-    entries[np.searchsorted(keys, biased), 3] = bias.view(np.int32)
+    entries[np.searchsorted(keys, biased), 3] = bias.view(np.int32)   # a row's biased tokens are distinct
     offsets = np.searchsorted(keys // vocab, np.arange(len(seqs) + 1)).astype(np.int32)
     return offsets, entries
+
+
+def _has_edits(s: Sequence) -> bool:
+    p = s.params
+    return bool(s.num_output_tokens < p.min_tokens or p.logit_bias or p.repetition_penalty != 1.0
+                or ((p.presence_penalty or p.frequency_penalty) and s.num_output_tokens))
 
 
 def _keys(seqs: list[Sequence], vocab: int, tokens_of) -> np.ndarray:
