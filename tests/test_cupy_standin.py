@@ -158,6 +158,24 @@ def test_start_up_launches_the_sampling_kernels(tiny, monkeypatch):
             LLM(tiny, **CONFIG)
 
 
+def test_start_up_launches_every_forward_kernel_family(cut_model, monkeypatch):
+    """The start-up dummy step reaches decode and prefill attention and both quantized matmul
+    paths (the small-batch GEMV and the dequantize scratch of the large-batch one)."""
+    launched = set()
+    call = standin_cupy.RawKernel.__call__
+
+    def recording(self, *args, **kwargs):
+        launched.add(self.name)
+        return call(self, *args, **kwargs)
+    with standin_cupy.installed():
+        monkeypatch.setattr(standin_cupy.RawKernel, "__call__", recording)
+        LLM(cut_model, max_num_batched_tokens=16, block_size=4, num_kv_blocks=16, dtype="float32")
+    families = ("paged_attention_decode", "paged_attention_prefill", "matmul_q", "dequantize_range",
+                "sample_rows", "raw_logprobs", "apply_logit_edits", "apply_token_bitmask")
+    missing = [f for f in families if not any(name.startswith(f) for name in launched)]
+    assert not missing, sorted(launched)
+
+
 def test_standin_refuses_what_cupy_refuses():
     with standin_cupy.installed() as cupy:
         device = cupy.asarray(np.arange(6, dtype=np.float32).reshape(2, 3))

@@ -42,14 +42,19 @@ def test_dry_run_passes_every_step(payload, tmp_path):
                             env=env, capture_output=True, text=True, timeout=1200)
     steps = json.loads((tmp_path / "gpu_check.json").read_text())
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert [s["step"].split(",")[0].split(" ")[0] for s in steps] == ["facts", "kernels", "e2e", "e2e", "e2e",
-                                                                          "decode"]
+    assert [s["step"].split(",")[0].split(" ")[0] for s in steps] == ["facts", "kernels", *["e2e"] * 5,
+                                                                          "decode", "decode"]
     assert all(s["passed"] for s in steps)
-    kernels = {c["kernel"].split("(")[0] for c in steps[1]["cases"]}
+    kernels = {c["kernel"].split("(")[0].split(" ")[0] for c in steps[1]["cases"]}
     assert {"rms_norm", "fused_add_rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "rotary", "write_kv",
-            "paged_attention", "apply_token_bitmask"} <= kernels
+            "paged_attention", "apply_token_bitmask", "apply_logit_edits", "sample_rows", "raw_logprobs",
+            "matmul_q", "embedding"} <= kernels
+    quantized = [s for s in steps if s.get("quantization") == "auto"]
+    assert [s["step"].split(" ")[0] for s in quantized] == ["e2e", "e2e", "decode"]
+    assert quantized[0]["equal_tokens"] == quantized[0]["total_tokens"] > 0
+    assert quantized[-1]["weights_bytes"] < steps[-2]["weights_bytes"] / 2   # blocks, not bf16
     reference = json.loads(gpu_payload.REFERENCE.read_text())
     e2e = steps[2]
     assert e2e["equal_tokens"] == e2e["total_tokens"] > 0
     assert all(e2e["tokens"][rid] == reference["tokens"][rid][:len(e2e["tokens"][rid])] for rid in e2e["tokens"])
-    assert steps[5]["rows"][0]["ms_per_step"] > 0
+    assert steps[-1]["rows"][0]["ms_per_step"] > 0

@@ -14,8 +14,10 @@ timeout), log in $OUT/gpu_check.log:
   3. e2e: the cut model's greedy tokens on CuPy float32 must equal the NumPy backend's
      (tests/fixtures/gpu_check_reference.json); float16/bfloat16 logits at the reference's top-64
      tokens within LOGIT_TOLERANCE; agreement of their tokens is reported;
+     then again with quantization auto (the GGUF blocks on the device, cuda/matmul_q.cu);
   4. decode: step time at batch 1/16/64, context 512, dtype auto (bf16 for GGUF), CUDA events,
-     against the floor of reading weights + KV once at the measured copy bandwidth.
+     against the floor of reading weights + KV once at the measured copy bandwidth; dequantized
+     (quantization none) and in the GGUF blocks (auto). Read against BENCHMARKS.md's roofline.
 Exit status 1 when any step fails. The device leg needs only the image's Python and CuPy plus the
 payload: no compiler, no pytest, no network.
 """
@@ -133,10 +135,15 @@ def kernels(report: Report, cupy, dtypes) -> dict:
     return {"cases": results, "passed": all(r["passed"] for r in results)}
 
 
-def e2e(report: Report, model: Path, reference: dict, dtype: str, prompts: int, max_tokens: int) -> dict:
+def e2e(report: Report, model: Path, reference: dict, dtype: str, prompts: int, max_tokens: int,
+        quantization: str = "none") -> dict:
+    """quantization="auto": the GGUF blocks stay quantized on the device (cuda/matmul_q.cu); the
+    weights' values are the reference's, so float32 must still give its tokens."""
     import numpy as np
+
+    from ember_cupy.quant import DeviceQuantizedWeight
     chosen = gpu_payload.PROMPTS[:prompts]
-    tokens, first, engine = gpu_payload.generate(str(model), dtype, chosen, max_tokens)
+    tokens, first, engine = gpu_payload.generate(str(model), dtype, chosen, max_tokens, quantization)
     want = {rid: t[:max_tokens] for rid, t in reference["tokens"].items() if int(rid) < prompts}
     same = sum(a == b for rid in want for a, b in zip(tokens[rid], want[rid]))
     total = sum(len(t) for t in want.values())
@@ -145,17 +152,21 @@ def e2e(report: Report, model: Path, reference: dict, dtype: str, prompts: int, 
         if rid in first:
             errors.append(float(np.max(np.abs(first[rid][top["ids"]] - np.asarray(top["values"])))))
     logit_error = max(errors)
-    leftover = [n for n, w in engine.checkpoint.weights.items() if getattr(w, "ndim", 0) == 2]
-    passed = logit_error <= LOGIT_TOLERANCE[dtype] and (same == total or dtype != "float32") and not leftover
-    report.log(f"  e2e {dtype}: {same}/{total} greedy tokens equal to NumPy's; max logit error {logit_error:.4f} "
-               f"(tolerance {LOGIT_TOLERANCE[dtype]}); served as {engine.runner.model.dtype}; "
-               f"host matrices left {leftover}")
-    return {"dtype": dtype, "tokens": tokens, "equal_tokens": same, "total_tokens": total,
+    leftover = sorted(engine.checkpoint.weights)     # the model consumes every host tensor it uploads
+    quantized = isinstance(engine.runner.model.layers[0].qkv, DeviceQuantizedWeight)
+    passed = (logit_error <= LOGIT_TOLERANCE[dtype] and (same == total or dtype != "float32") and not leftover
+              and quantized == (quantization != "none"))
+    report.log(f"  e2e {dtype}, quantization {quantization}: {same}/{total} greedy tokens equal to NumPy's; "
+               f"max logit error {logit_error:.4f} (tolerance {LOGIT_TOLERANCE[dtype]}); served as "
+               f"{engine.runner.model.dtype}, {engine.runner.model.weight_bytes() / 1e6:.1f} MB of weights, "
+               f"quantized blocks {quantized}; host tensors left {leftover}")
+    return {"dtype": dtype, "quantization": quantization, "tokens": tokens, "equal_tokens": same, "total_tokens": total,
             "max_logit_error": logit_error, "tolerance": LOGIT_TOLERANCE[dtype],
             "served_dtype": str(engine.runner.model.dtype), "host_matrices_left": leftover, "passed": passed}
 
 
-def decode(report: Report, cupy, model: Path, batches, context: int, iterations: int, copy_bytes: int) -> dict:
+def decode(report: Report, cupy, model: Path, batches, context: int, iterations: int, copy_bytes: int,
+           quantization: str = "none") -> dict:
     import numpy as np
 
     from ember_cupy.config import EngineConfig
@@ -166,7 +177,7 @@ def decode(report: Report, cupy, model: Path, batches, context: int, iterations:
     cfg, block = checkpoint.config, 16
     blocks_per_seq = context // block
     runner = ModelRunner(checkpoint, EngineConfig(num_kv_blocks=max(batches) * blocks_per_seq + 1,
-                                                  quantization="none"), xp=cupy, consume_checkpoint=True)
+                                                  quantization=quantization), xp=cupy, consume_checkpoint=True)
     weights = runner.model.weight_bytes()
     bandwidth = _copy_bandwidth(cupy, copy_bytes)
     itemsize = runner.kv_caches[0][0].itemsize
@@ -189,7 +200,8 @@ def decode(report: Report, cupy, model: Path, batches, context: int, iterations:
                    f"  {batch / ms * 1e3:9.0f} tok/s")
     report.log(f"  copy bandwidth {bandwidth / 1e12:.2f} TB/s; weights {weights / 1e6:.1f} MB "
                f"({runner.model.dtype}, {cfg.num_layers} layers); context {context}")
-    return {"dtype": str(runner.model.dtype), "layers": cfg.num_layers, "weights_bytes": weights,
+    return {"dtype": str(runner.model.dtype), "quantization": quantization, "layers": cfg.num_layers,
+            "weights_bytes": weights,
             "copy_bandwidth_bytes_per_s": bandwidth, "context": context, "rows": rows, "passed": True}
 
 
@@ -245,13 +257,16 @@ def _steps(report: Report, cupy, model: Path, reference: dict, context: dict, dr
     report.run("kernels vs NumPy twins (poisoned outputs)", kernels, cupy,
                ("float32",) if dry_run else ("float32", "float16", "bfloat16"))
     prompts, tokens = (2, 3) if dry_run else (len(gpu_payload.PROMPTS), gpu_payload.MAX_TOKENS)
-    for dtype in ("float32", "float16", "bfloat16"):
-        report.run(f"e2e greedy, cupy {dtype} vs NumPy", e2e, model, reference, dtype,
-                   prompts if dtype == "float32" else 1, tokens if dtype == "float32" else 1)
+    for quantization, dtypes in (("none", ("float32", "float16", "bfloat16")), ("auto", ("float32", "bfloat16"))):
+        for dtype in dtypes:
+            full = dtype == "float32"
+            report.run(f"e2e greedy, cupy {dtype}, quantization {quantization} vs NumPy", e2e, model, reference,
+                       dtype, prompts if full else 1, tokens if full else 1, quantization)
     batches, context_len, iterations, copy = ((1,), 32, 1, 1 << 20) if dry_run else \
         (DECODE_BATCHES, DECODE_CONTEXT, DECODE_ITERATIONS, 1 << 30)
-    report.run("decode step times (CUDA events) vs bandwidth floor", decode, cupy, model, batches,
-               context_len, iterations, copy)
+    for quantization in ("none", "auto"):
+        report.run(f"decode step times (CUDA events) vs bandwidth floor, quantization {quantization}", decode,
+                   cupy, model, batches, context_len, iterations, copy, quantization)
     report.log("==== summary")
     for step in report.steps:
         report.log(f"{'PASS' if step.get('passed') else 'FAIL'}  {step['step']} ({step['seconds']} s)"

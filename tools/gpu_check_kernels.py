@@ -12,6 +12,7 @@ import numpy as np
 
 from ember_cupy import ops
 from ember_cupy.engine import sampler
+from ember_cupy.ops import attention
 from ember_cupy.ops._kernel import array_module
 from ember_cupy.structured.bitmask import apply_token_bitmask
 
@@ -119,6 +120,14 @@ def _raw_logprobs(logits, batch):
     return [values, chosen, _one_hot(xp, (ids.shape[0], logits.shape[1]), ids, ranks)]
 
 
+def _forced_splits_op(splits: int):
+    """ops.paged_attention with every decode split `splits` ways (the twin ignores it)."""
+    def paged_attention_split(*args):
+        with attention.forced_decode_splits(splits):
+            return ops.paged_attention(*args)
+    return paged_attention_split
+
+
 def cases(dtype: str):
     """(name, op, build(put, rng) -> args, indices of mutated args or None, output shapes to poison).
     `put` turns a host array into the operand (device copy, or float32 for the twin); views such as
@@ -141,11 +150,50 @@ def cases(dtype: str):
                 return [*batch, heads[2] ** -0.5, window]
             yield (f"paged_attention{heads}, window {window}", ops.paged_attention, build, None,
                    [((1 + 1 + 1 + 13 + 129, heads[0], heads[2]), dtype)])
+    # head dims 64/128/256 (templated decode, tiled prefill) and 80 (generic), split-KV forced
+    for heads, splits in (((9, 3, 64), 16), ((16, 2, 128), 3), ((8, 2, 256), 2), ((6, 2, 80), 1)):
+        def build(put, rng, heads=heads):
+            batch = _paged_batch(put, rng, [1, 17, 300, 70, 200], [1, 1, 1, 70, 37], 5, *heads, dtype)
+            return [*batch, heads[2] ** -0.5, 24]
+        yield (f"paged_attention{heads}, {splits} forced splits, pages of 5, window 24", _forced_splits_op(splits),
+               build, None, [((1 + 1 + 1 + 70 + 37, heads[0], heads[2]), dtype)])
     if dtype == "float32":   # the bitmask kernel masks float32 logits only
         yield "apply_token_bitmask", apply_token_bitmask, lambda put, rng: _bitmask_args(put, rng, dtype), [0], []
         yield "apply_logit_edits", sampler.apply_logit_edits, _sampling_args, [0], []
         yield "sample_rows", _sampled_tokens, _sampling_args, None, []
         yield "raw_logprobs", _raw_logprobs, _sampling_args, None, []
+    yield from quantized_cases(dtype)
+
+
+def _quantized_weight(put, rng, qtype: str, n: int, k: int):
+    """Random blocks in the device layout of cuda/matmul_q.cu (any bytes are valid blocks); the
+    twin's put turns the f16 scales into float32, exactly."""
+    from ember_cupy.quant import DeviceQuantizedWeight
+    quants = rng.integers(0, 256, (n, k if qtype == "Q8_0" else k // 2), dtype=np.uint8)
+    shape = (n, k // 32, 2) if qtype == "Q4_1" else (n, k // 32)
+    scales = (rng.standard_normal(shape, dtype=np.float32) * 1e-3).astype(np.float16)   # |w| <~ 0.3, as in models
+    return DeviceQuantizedWeight(qtype, put(quants), put(scales), (n, k))
+
+
+def quantized_cases(dtype: str):
+    """matmul_q: the GEMV (1 and 4 rows a read, up to 8 rows), the dequantize + cuBLAS path (64
+    rows), float32 logits from 16-bit x; embedding rows dequantized on the device."""
+    from ember_cupy.ops.linear import embedding, matmul_q
+    for qtype in ("Q8_0", "Q4_0", "Q4_1"):
+        for rows in (1, 3, 8, 64):
+            yield (f"matmul_q {qtype} M={rows}", matmul_q,
+                   lambda put, rng, q=qtype, m=rows: [put(_randn(rng, (m, 576), dtype)),
+                                                      _quantized_weight(put, rng, q, 1000, 576)],
+                   None, [((rows, 1000), dtype)])
+        for rows in (3, 64):
+            yield (f"matmul_q {qtype} M={rows} float32 logits", matmul_q,
+                   lambda put, rng, q=qtype, m=rows: [put(_randn(rng, (m, 576), dtype)),
+                                                      _quantized_weight(put, rng, q, 1000, 576), None, 1, np.float32],
+                   None, [((rows, 1000), "float32")])
+        yield (f"embedding {qtype}", embedding,
+               lambda put, rng, q=qtype: [_quantized_weight(put, rng, q, 1000, 576),
+                                          put(np.array([999, 0, 17, 17], np.int32)), _dtype(dtype)],
+               None, [((4, 576), dtype)])
 
 
 def check_all(xp, to_host, dtypes=DTYPES) -> list[dict]:

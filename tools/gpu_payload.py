@@ -108,16 +108,16 @@ def _tree_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def generate(model: str, dtype: str, prompts=PROMPTS, max_tokens: int = MAX_TOKENS):
+def generate(model: str, dtype: str, prompts=PROMPTS, max_tokens: int = MAX_TOKENS, quantization: str = "none"):
     """Greedy tokens per prompt, the top logits of each prompt's first generated position, and the
-    engine (whatever backend EMBER_BACKEND selects)."""
+    engine (whatever backend EMBER_BACKEND selects), with the matrices served as `quantization` says."""
     import numpy as np
 
     from ember_cupy import SamplingParams
     from ember_cupy.backend import to_numpy
     from ember_cupy.config import EngineConfig
     from ember_cupy.engine.llm_engine import LLMEngine
-    engine = LLMEngine(model, EngineConfig(dtype=dtype, **ENGINE))
+    engine = LLMEngine(model, EngineConfig(dtype=dtype, **{**ENGINE, "quantization": quantization}))
     first: dict[str, np.ndarray] = {}
     execute = engine.runner.execute
 

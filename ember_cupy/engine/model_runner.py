@@ -100,14 +100,18 @@ class ModelRunner:
             warm_up(self)
 
     def dummy_step(self):
-        """One token at position 0 that writes nothing into the pool (slot -1): every kernel the
-        forward pass uses runs once. Returns its [1, vocab] logits."""
+        """A decode row and a 9-token prefill that write nothing into the pool (slots -1): every
+        kernel the forward pass uses runs once (decode and prefill attention, the small-batch and
+        the large-batch matmuls). Returns the [1, vocab] logits of the decode row."""
         xp = self.xp
+        prefill = 9
+        blocks = -(-prefill // self.config.block_size)
         metadata = BatchMetadata(
-            positions=xp.zeros(1, np.int32), slot_mapping=xp.full(1, -1, np.int32),
-            block_tables=xp.zeros((1, 1), np.int32), context_lens=xp.ones(1, np.int32),
-            query_start_loc=xp.asarray(np.array([0, 1], np.int32)), logits_indices=xp.zeros(1, np.int64))
-        return self.model.forward(xp.zeros(1, np.int64), metadata, self.kv_caches)
+            positions=xp.asarray(np.array([0, *range(prefill)], np.int32)),
+            slot_mapping=xp.full(1 + prefill, -1, np.int32),
+            block_tables=xp.zeros((2, blocks), np.int32), context_lens=xp.asarray(np.array([1, prefill], np.int32)),
+            query_start_loc=xp.asarray(np.array([0, 1, 1 + prefill], np.int32)), logits_indices=xp.zeros(1, np.int64))
+        return self.model.forward(xp.zeros(1 + prefill, np.int64), metadata, self.kv_caches)
 
     def execute(self, batch: ScheduledBatch) -> StepLogits:
         """Run the batch; logits of the sequences that sample now, and of prompt positions
