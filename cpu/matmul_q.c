@@ -33,25 +33,26 @@ static const int64_t RECORD_BYTES[] = {16 + 256, 32 + 128};
 EMBER_EXPORT const char *ember_isa(void) { return EMBER_ISA; }
 
 /* ---- activation quantization ---------------------------------------------------------- */
-static void quantize_row(const float *x, int64_t K, int8_t *q, float *d_out, float *s_out) {
-    for (int64_t b = 0; b < K / QK; b++) {
-        const float *xb = x + b * QK;
-        float amax = 0.0f;
-        for (int i = 0; i < QK; i++) {
-            float a = xb[i] < 0 ? -xb[i] : xb[i];
-            amax = a > amax ? a : amax;
-        }
-        float d = amax / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        int sum = 0;
-        for (int i = 0; i < QK; i++) {
-            int v = (int)__builtin_rintf(xb[i] * id);
-            q[b * QK + i] = (int8_t)v;
-            sum += v;
-        }
-        d_out[b] = d;
-        s_out[b] = d * (float)sum;
+static void quantize_block(const float *xb, int8_t *q, float *d_out, float *s_out) {
+    float amax = 0.0f;
+    for (int i = 0; i < QK; i++) {
+        float a = xb[i] < 0 ? -xb[i] : xb[i];
+        amax = a > amax ? a : amax;
     }
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int sum = 0;
+    for (int i = 0; i < QK; i++) {
+        int v = (int)__builtin_rintf(xb[i] * id);
+        q[i] = (int8_t)v;
+        sum += v;
+    }
+    *d_out = d;
+    *s_out = d * (float)sum;
+}
+
+static void quantize_row(const float *x, int64_t K, int8_t *q, float *d_out, float *s_out) {
+    for (int64_t b = 0; b < K / QK; b++) quantize_block(x + b * QK, q + b * QK, d_out + b, s_out + b);
 }
 
 struct quantize_job { const float *x; int64_t K, ldx; int8_t *xq; float *xd, *xs; };
@@ -244,16 +245,26 @@ static void matmul_tasks(void *ctx, int64_t begin, int64_t end) {
 
 /* Two int8 passes: row 2m holds x's blocks, row 2m+1 those of the residual x - dequant(row 2m),
  * so that x ~ d1 q1 + d2 q2 (about 14 bits); store_tile sums the two rows' results. */
-static void quantize_two_pass(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *xq,
-                              float *xd, float *xs, float *residual) {
-    const int64_t nb = K / QK;
-    for (int64_t m = 0; m < M; m++) {
-        int8_t *q1 = xq + 2 * m * K;
-        float *d1 = xd + 2 * m * nb;
-        quantize_row(x + m * ldx, K, q1, d1, xs + 2 * m * nb);
-        for (int64_t k = 0; k < K; k++) residual[k] = x[m * ldx + k] - (float)q1[k] * d1[k / QK];
-        quantize_row(residual, K, q1 + K, d1 + nb, xs + (2 * m + 1) * nb);
+static void quantize_two_pass_rows(void *ctx, int64_t begin, int64_t end) {
+    const struct quantize_job *job = ctx;
+    const int64_t K = job->K, nb = K / QK;
+    float residual[QK];
+    for (int64_t m = begin; m < end; m++) {
+        const float *x = job->x + m * job->ldx;
+        int8_t *q1 = job->xq + 2 * m * K;
+        float *d1 = job->xd + 2 * m * nb, *s1 = job->xs + 2 * m * nb;
+        for (int64_t b = 0; b < nb; b++) {
+            quantize_block(x + b * QK, q1 + b * QK, d1 + b, s1 + b);
+            for (int i = 0; i < QK; i++) residual[i] = x[b * QK + i] - (float)q1[b * QK + i] * d1[b];
+            quantize_block(residual, q1 + K + b * QK, d1 + nb + b, s1 + nb + b);
+        }
     }
+}
+
+static void quantize_two_pass(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *xq, float *xd, float *xs) {
+    struct quantize_job job = {x, K, ldx, xq, xd, xs};
+    if (M >= 8) ember_parallel_for(M, quantize_two_pass_rows, &job);
+    else quantize_two_pass_rows(&job, 0, M);
 }
 
 /* w: packed as above, ceil(N / 8) groups; passes: 1 (int8 x) or 2 (x and its residual).
@@ -265,10 +276,10 @@ EMBER_EXPORT int ember_matmul_q(const float *x, int64_t M, int64_t K, int64_t ld
     if (M == 0 || N == 0) return 0;
     const int64_t nb = K / QK, groups = (N + ROWS - 1) / ROWS, rows = M * passes;
     int8_t *xq = (int8_t *)malloc((size_t)(rows * K + 64));
-    float *xd = (float *)malloc(sizeof(float) * ((size_t)(rows * nb) * 2 + (size_t)K));
+    float *xd = (float *)malloc(sizeof(float) * (size_t)(rows * nb) * 2);
     if (!xq || !xd) { free(xq); free(xd); return -2; }
     float *xs = xd + rows * nb;
-    if (passes == 2) quantize_two_pass(x, M, K, ldx, xq, xd, xs, xs + rows * nb);
+    if (passes == 2) quantize_two_pass(x, M, K, ldx, xq, xd, xs);
     else ember_quantize_q8(x, M, K, ldx, xq, xd, xs);
     int64_t chunk = X_TILE_BYTES / K / MR * MR;   /* a multiple of MR: two-pass pairs stay whole */
     if (chunk < MR) chunk = MR;
