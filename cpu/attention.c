@@ -1,4 +1,4 @@
-/* Paged causal attention over a flattened varlen batch: the host twin of cuda/attention.cu.
+/* Paged causal attention over a flattened varlen batch: the host twin of cuda/attention_decode.cu and attention_prefill.cu.
  * NumPy twin and semantics: ember_cupy/ops/attention.py.
  *
  * Sequence s owns queries q[qsl[s]:qsl[s+1]], the last q_len tokens of its context of ctx[s]
