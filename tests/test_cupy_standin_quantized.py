@@ -23,7 +23,9 @@ CONFIG = dict(max_num_batched_tokens=32, block_size=16, num_kv_blocks=16, dtype=
 
 
 def greedy(llm) -> list[list[int]]:
-    return [list(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, PARAMS)]
+    """The prompts as one batch (3-row decode steps), then the second alone (1-row steps)."""
+    batch = [list(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, PARAMS)]
+    return batch + [list(llm.generate(PROMPTS[1], PARAMS)[0].outputs[0].token_ids)]
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +45,7 @@ def standin_run():
     with pytest.MonkeyPatch.context() as patch, standin_cupy.installed() as cupy:
         patch.setattr(standin_cupy.RawKernel, "__call__", recording)
         llm = LLM(default_model_path(), quantization="auto", **CONFIG)
+        launched.clear()   # the requests' kernels, not the start-up check's
         yield greedy(llm), llm, launched, cupy
 
 
