@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from ember_cupy import SamplingParams
-from ember_cupy.engine.sampler import Sampler
+from ember_cupy.engine.sampler import Sampler, apply_logit_edits
+from ember_cupy.engine.sampling_batch import build_batch
 from ember_cupy.engine.sequence import Sequence
 
 LOGITS = np.array([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0], dtype=np.float32)
@@ -299,5 +300,5 @@ def test_batched_penalties_equal_the_per_row_reference():
     logits = (rng.standard_normal((len(seqs), vocab)) * 3).astype(np.float32)
     expected = np.stack([_reference_process(logits[i], seq, eos) for i, seq in enumerate(seqs)])
     processed = logits.copy()
-    Sampler(eos_token_ids=tuple(eos))._process(processed, seqs)
+    apply_logit_edits(processed, build_batch(seqs, vocab, list(eos), [0.0] * len(seqs)))
     assert np.array_equal(processed, expected)

@@ -260,10 +260,6 @@ class Sampler:
             seqs[i].constraint.sync(seqs[i].output_token_ids)
         return fill_bitmasks([seqs[i].constraint for i in rows], vocab), np.asarray(rows, dtype=np.int32)
 
-    def _process(self, logits: np.ndarray, seqs: list[Sequence]) -> None:
-        """min_tokens, logit_bias, then the penalties, in place (vLLM's order)."""
-        apply_logit_edits(logits, build_batch(seqs, logits.shape[-1], self.eos_token_ids, [0.0] * len(seqs)))
-
     @staticmethod
     def _rng(seq: Sequence) -> np.random.Generator:
         if seq.rng is None:
