@@ -37,8 +37,8 @@ def _dummy_sampling_batch(vocab: int):
 
 
 def warm_up(runner) -> None:
-    """Compile every cuda/*.cu, run one dummy token through the model, the bitmask kernel and the
-    sampling kernels."""
+    """Compile every cuda/*.cu; run the dummy step (a decode row and a prefill) through the model,
+    then the bitmask and the sampling kernels on its logits."""
     start = time.perf_counter()
     try:
         for source in sorted(p.name for p in _cuda.CUDA_SOURCE_DIR.glob("*.cu")):
