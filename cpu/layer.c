@@ -10,7 +10,7 @@
 #include <stdlib.h>
 
 int ember_matmul_q(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int64_t N,
-                   int32_t wtype, float *y, int64_t ldy, int32_t passes);
+                   int32_t wtype, float *y, int64_t ldy, int32_t passes, float second_pass_threshold);
 void ember_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int64_t ldo, int64_t rows,
                     int64_t hidden, float eps);
 void ember_fused_add_rms_norm(float *x, int64_t ldx, float *residual, int64_t ldr, const float *w,
@@ -36,7 +36,7 @@ typedef struct {              /* per step (ember_cupy/ops/layer.py: StepArgs) */
     int64_t tokens, hidden, inter;
     int32_t heads, kv_heads, head_dim, passes, neox, cache_f16, block_size, num_seqs, max_blocks;
     int64_t num_blocks, table_stride;
-    float eps, scale;
+    float eps, scale, second_pass_threshold;
     const int32_t *positions, *slot_mapping, *block_tables, *context_lens, *query_start_loc;
     const float *cos_sin;
 } StepArgs;
@@ -55,6 +55,12 @@ static void write_kv(const StepArgs *s, const LayerWeights *w, const float *qkv,
             memcpy((float *)w->v_cache + (int64_t)slot * row, v, sizeof(float) * (size_t)row);
         }
     }
+}
+
+/* y [T, N] = x [T, K] @ W^T with the step's activation passes; 0, or 10 + the matmul's status. */
+static int matmul(const StepArgs *s, const float *x, int64_t K, const uint8_t *w, int32_t wtype, int64_t N, float *y) {
+    const int status = ember_matmul_q(x, s->tokens, K, K, w, N, wtype, y, N, s->passes, s->second_pass_threshold);
+    return status ? 10 + status : 0;
 }
 
 /* hidden [T, H] in/out; residual [T, H] in/out (written from hidden when first != 0).
@@ -81,9 +87,7 @@ EMBER_EXPORT int ember_llama_layer(const LayerWeights *w, const StepArgs *s, flo
         ember_fused_add_rms_norm(hidden, H, residual, H, w->attn_norm, T, H, s->eps);
         memcpy(x, hidden, sizeof(float) * (size_t)(T * H));
     }
-    if ((status = ember_matmul_q(x, T, H, H, w->qkv, qkv_size, w->qkv_type, qkv, qkv_size, s->passes))) {
-        status += 10; goto done;
-    }
+    if ((status = matmul(s, x, H, w->qkv, w->qkv_type, qkv_size, qkv))) goto done;
     if (w->qkv_bias)
         for (int64_t t = 0; t < T; t++)
             for (int64_t i = 0; i < qkv_size; i++) qkv[t * qkv_size + i] += w->qkv_bias[i];
@@ -96,15 +100,11 @@ EMBER_EXPORT int ember_llama_layer(const LayerWeights *w, const StepArgs *s, flo
                                         s->query_start_loc, s->num_seqs, s->scale))) {
         status += 20; goto done;
     }
-    if ((status = ember_matmul_q(attn, T, q_size, q_size, w->o, H, w->o_type, hidden, H, s->passes))) {
-        status += 10; goto done;
-    }
+    if ((status = matmul(s, attn, q_size, w->o, w->o_type, H, hidden))) goto done;
     ember_fused_add_rms_norm(hidden, H, residual, H, w->ffn_norm, T, H, s->eps);
-    if ((status = ember_matmul_q(hidden, T, H, H, w->gate_up, 2 * I, w->gate_up_type, gate_up, 2 * I, s->passes))) {
-        status += 10; goto done;
-    }
+    if ((status = matmul(s, hidden, H, w->gate_up, w->gate_up_type, 2 * I, gate_up))) goto done;
     ember_silu_and_mul(gate_up, 2 * I, act, I, T, I);
-    if ((status = ember_matmul_q(act, T, I, I, w->down, H, w->down_type, hidden, H, s->passes))) status += 10;
+    status = matmul(s, act, I, w->down, w->down_type, H, hidden);
 done:
     free(x); free(qkv); free(attn); free(gate_up); free(act);
     return status;

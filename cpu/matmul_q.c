@@ -1,6 +1,9 @@
 /* y[M, N] = x[M, K] @ W[N, K]^T with W quantized in blocks of 32 (llama.cpp's scheme).
  *
  * x is quantized once per call to int8 blocks (d = max|x| / 127, q = rint(x / d), s = d * sum q).
+ * With two passes the residual x - d q of a block is quantized again, but only in the blocks that
+ * carry most of the row's rounding error (d^2 >= threshold * the mean d^2 of the row: the error of
+ * a block grows with d^2); the other blocks' second pass is zero and the kernel skips it.
  * W is repacked at load (ember_cupy/quant.py) so that 8 weight rows share each 32-byte load:
  *   Q4_1x8, per 8 rows and block: f16 d[8], f16 m[8], then 4 chunks of 32 bytes; byte 4r+i of
  *           chunk c holds row r's value at k = 8c+i in its low nibble and k = 8c+4+i in its high
@@ -55,7 +58,7 @@ static void quantize_row(const float *x, int64_t K, int8_t *q, float *d_out, flo
     for (int64_t b = 0; b < K / QK; b++) quantize_block(x + b * QK, q + b * QK, d_out + b, s_out + b);
 }
 
-struct quantize_job { const float *x; int64_t K, ldx; int8_t *xq; float *xd, *xs; };
+struct quantize_job { const float *x; int64_t K, ldx; double threshold; int8_t *xq; float *xd, *xs; };
 
 static void quantize_rows(void *ctx, int64_t begin, int64_t end) {
     const struct quantize_job *job = ctx;
@@ -66,7 +69,7 @@ static void quantize_rows(void *ctx, int64_t begin, int64_t end) {
 
 EMBER_EXPORT void ember_quantize_q8(const float *x, int64_t M, int64_t K, int64_t ldx,
                                     int8_t *xq, float *xd, float *xs) {
-    struct quantize_job job = {x, K, ldx, xq, xd, xs};
+    struct quantize_job job = {x, K, ldx, 0.0, xq, xd, xs};
     if (M >= 8) ember_parallel_for(M, quantize_rows, &job);
     else quantize_rows(&job, 0, M);
 }
@@ -99,60 +102,60 @@ static inline __attribute__((always_inline)) void group_tile(
         _mm_prefetch((const char *)(rec + PREFETCH_BYTES + 64), _MM_HINT_T0);
         _mm_prefetch((const char *)(rec + PREFETCH_BYTES + 128), _MM_HINT_T0);
         const __m256 dw = load_f16x8(rec);
-        __m256i isum[MR];
         if (wtype == WTYPE_Q4_1) {
             const __m256 mw = load_f16x8(rec + 16);
             const __m256i low = _mm256_set1_epi8(0x0f);
-#if defined(DOT_ACC)
-            for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+            __m256i lo[4], hi[4];
             for (int c = 0; c < 4; c++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 32 + 32 * c));
-                const __m256i lo = _mm256_and_si256(v, low);
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                for (int r = 0; r < R; r++) {
-                    const int8_t *xb = xq + r * K + b * QK + 8 * c;
-                    isum[r] = DOT_ACC(isum[r], lo, bcast4(xb));
-                    isum[r] = DOT_ACC(isum[r], hi, bcast4(xb + 4));
-                }
+                lo[c] = _mm256_and_si256(v, low);
+                hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
             }
-#else
-            __m256i s16[MR];
-            for (int r = 0; r < R; r++) s16[r] = _mm256_setzero_si256();
-            for (int c = 0; c < 4; c++) {   /* 16-bit sums cannot overflow: 8 x 2 x 15 x 127 */
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 32 + 32 * c));
-                const __m256i lo = _mm256_and_si256(v, low);
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                for (int r = 0; r < R; r++) {
-                    const int8_t *xb = xq + r * K + b * QK + 8 * c;
-                    s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(lo, bcast4(xb)));
-                    s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(hi, bcast4(xb + 4)));
-                }
-            }
-            for (int r = 0; r < R; r++) isum[r] = _mm256_madd_epi16(s16[r], _mm256_set1_epi16(1));
-#endif
             for (int r = 0; r < R; r++) {
+                if (xd[r * nb + b] == 0.0f) continue;     /* a skipped second pass, or a zero block */
+                const int8_t *xb = xq + r * K + b * QK;
+#if defined(DOT_ACC)
+                __m256i sum = _mm256_setzero_si256();
+                for (int c = 0; c < 4; c++) {
+                    sum = DOT_ACC(sum, lo[c], bcast4(xb + 8 * c));
+                    sum = DOT_ACC(sum, hi[c], bcast4(xb + 8 * c + 4));
+                }
+                const __m256i isum = sum;
+#else
+                /* 16-bit sums cannot overflow: 8 x 2 x 15 x 127 in both together */
+                __m256i even = _mm256_maddubs_epi16(lo[0], bcast4(xb));
+                __m256i odd = _mm256_maddubs_epi16(hi[0], bcast4(xb + 4));
+                for (int c = 1; c < 4; c++) {
+                    even = _mm256_add_epi16(even, _mm256_maddubs_epi16(lo[c], bcast4(xb + 8 * c)));
+                    odd = _mm256_add_epi16(odd, _mm256_maddubs_epi16(hi[c], bcast4(xb + 8 * c + 4)));
+                }
+                const __m256i isum = _mm256_madd_epi16(_mm256_add_epi16(even, odd), _mm256_set1_epi16(1));
+#endif
                 const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * nb + b]));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), scale, acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r]);
                 acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[r * nb + b]), acc[r]);
             }
         } else {
-            for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+            __m256i wq[8], wabs[8];
             for (int j = 0; j < 8; j++) {
-                const __m256i wq = _mm256_loadu_si256((const __m256i *)(rec + 16 + 32 * j));
-                const __m256i wabs = _mm256_sign_epi8(wq, wq);
-                for (int r = 0; r < R; r++) {
-                    const __m256i xs_signed = _mm256_sign_epi8(bcast4(xq + r * K + b * QK + 4 * j), wq);
-#if defined(DOT_ACC)
-                    isum[r] = DOT_ACC(isum[r], wabs, xs_signed);
-#else
-                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(wabs, xs_signed), _mm256_set1_epi16(1)));
-#endif
-                }
+                wq[j] = _mm256_loadu_si256((const __m256i *)(rec + 16 + 32 * j));
+                wabs[j] = _mm256_sign_epi8(wq[j], wq[j]);
             }
             for (int r = 0; r < R; r++) {
+                if (xd[r * nb + b] == 0.0f) continue;
+                const int8_t *xb = xq + r * K + b * QK;
+                __m256i sum = _mm256_setzero_si256();
+                for (int j = 0; j < 8; j++) {
+                    const __m256i xs_signed = _mm256_sign_epi8(bcast4(xb + 4 * j), wq[j]);
+#if defined(DOT_ACC)
+                    sum = DOT_ACC(sum, wabs[j], xs_signed);
+#else
+                    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(wabs[j], xs_signed), _mm256_set1_epi16(1)));
+#endif
+                }
                 const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * nb + b]));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), scale, acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[r]);
             }
         }
     }
@@ -168,6 +171,7 @@ static inline void group_tile(const uint8_t *g, int32_t wtype, int64_t nb, const
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *rec = g + b * rb;
         for (int r = 0; r < R; r++) {
+            if (xd[r * nb + b] == 0.0f) continue;
             const int8_t *xb = xq + r * K + b * QK;
             for (int n = 0; n < ROWS; n++) {
                 int sum = 0;
@@ -244,7 +248,8 @@ static void matmul_tasks(void *ctx, int64_t begin, int64_t end) {
 }
 
 /* Two int8 passes: row 2m holds x's blocks, row 2m+1 those of the residual x - dequant(row 2m),
- * so that x ~ d1 q1 + d2 q2 (about 14 bits); store_tile sums the two rows' results. */
+ * so that x ~ d1 q1 + d2 q2 (about 14 bits); store_tile sums the two rows' results. A block whose
+ * d1^2 is below threshold * the row's mean d1^2 keeps a zero second pass (d2 = 0: skipped). */
 static void quantize_two_pass_rows(void *ctx, int64_t begin, int64_t end) {
     const struct quantize_job *job = ctx;
     const int64_t K = job->K, nb = K / QK;
@@ -253,33 +258,46 @@ static void quantize_two_pass_rows(void *ctx, int64_t begin, int64_t end) {
         const float *x = job->x + m * job->ldx;
         int8_t *q1 = job->xq + 2 * m * K;
         float *d1 = job->xd + 2 * m * nb, *s1 = job->xs + 2 * m * nb;
+        double mean_square = 0.0;
         for (int64_t b = 0; b < nb; b++) {
             quantize_block(x + b * QK, q1 + b * QK, d1 + b, s1 + b);
+            mean_square += (double)d1[b] * (double)d1[b];
+        }
+        const double cut = job->threshold * (mean_square / (double)nb);
+        for (int64_t b = 0; b < nb; b++) {
+            if ((double)d1[b] * (double)d1[b] < cut) {
+                memset(q1 + K + b * QK, 0, QK);
+                d1[nb + b] = s1[nb + b] = 0.0f;
+                continue;
+            }
             for (int i = 0; i < QK; i++) residual[i] = x[b * QK + i] - (float)q1[b * QK + i] * d1[b];
             quantize_block(residual, q1 + K + b * QK, d1 + nb + b, s1 + nb + b);
         }
     }
 }
 
-static void quantize_two_pass(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *xq, float *xd, float *xs) {
-    struct quantize_job job = {x, K, ldx, xq, xd, xs};
+static void quantize_two_pass(const float *x, int64_t M, int64_t K, int64_t ldx, double threshold,
+                              int8_t *xq, float *xd, float *xs) {
+    struct quantize_job job = {x, K, ldx, threshold, xq, xd, xs};
     if (M >= 8) ember_parallel_for(M, quantize_two_pass_rows, &job);
     else quantize_two_pass_rows(&job, 0, M);
 }
 
-/* w: packed as above, ceil(N / 8) groups; passes: 1 (int8 x) or 2 (x and its residual).
- * Returns 0, -1 for a bad argument, -2 out of memory. */
+/* w: packed as above, ceil(N / 8) groups; passes: 1 (int8 x) or 2 (x and its residual, in the
+ * blocks that second_pass_threshold selects: 0 selects all). Returns 0, -1 for a bad argument,
+ * -2 out of memory. */
 EMBER_EXPORT int ember_matmul_q(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w,
-                                int64_t N, int32_t wtype, float *y, int64_t ldy, int32_t passes) {
+                                int64_t N, int32_t wtype, float *y, int64_t ldy, int32_t passes,
+                                float second_pass_threshold) {
     if (K % QK != 0 || (wtype != WTYPE_Q8_0 && wtype != WTYPE_Q4_1) || M < 0 || N < 0) return -1;
-    if (passes != 1 && passes != 2) return -1;
+    if ((passes != 1 && passes != 2) || !(second_pass_threshold >= 0.0f)) return -1;
     if (M == 0 || N == 0) return 0;
     const int64_t nb = K / QK, groups = (N + ROWS - 1) / ROWS, rows = M * passes;
     int8_t *xq = (int8_t *)malloc((size_t)(rows * K + 64));
     float *xd = (float *)malloc(sizeof(float) * (size_t)(rows * nb) * 2);
     if (!xq || !xd) { free(xq); free(xd); return -2; }
     float *xs = xd + rows * nb;
-    if (passes == 2) quantize_two_pass(x, M, K, ldx, xq, xd, xs);
+    if (passes == 2) quantize_two_pass(x, M, K, ldx, second_pass_threshold, xq, xd, xs);
     else ember_quantize_q8(x, M, K, ldx, xq, xd, xs);
     int64_t chunk = X_TILE_BYTES / K / MR * MR;   /* a multiple of MR: two-pass pairs stay whole */
     if (chunk < MR) chunk = MR;

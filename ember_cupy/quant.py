@@ -177,19 +177,40 @@ def concat_rows(parts: list[QuantizedTensor]) -> QuantizedTensor:
     return QuantizedTensor(parts[0].qtype, data, (data.shape[0], parts[0].shape[1]))
 
 
-def fake_quantize_activations(x: np.ndarray, passes: int = 1) -> np.ndarray:
+@dataclass(frozen=True)
+class ActivationQuantization:
+    """How the host's quantized matmul quantizes its input x to int8 blocks of 32 (cpu/matmul_q.c).
+    passes=1: once (llama.cpp's scheme). passes=2: the residual x - d q is quantized again (x to
+    ~14 bits) in the blocks that carry most of a row's rounding error, those whose d^2 is at least
+    `second_pass_threshold` times the row's mean d^2 (0: every block); the others skip it."""
+    passes: int = 1
+    second_pass_threshold: float = 0.0
+
+    def __post_init__(self):
+        if self.passes not in (1, 2) or not self.second_pass_threshold >= 0:
+            raise ValueError(f"activation quantization: passes must be 1 or 2 and the second-pass "
+                             f"threshold >= 0, got {self.passes} and {self.second_pass_threshold}")
+
+
+ONE_PASS = ActivationQuantization()
+
+
+def fake_quantize_activations(x: np.ndarray, scheme: ActivationQuantization = ONE_PASS) -> np.ndarray:
     """x [M, K] float32 through the kernels' int8 activation blocks and back: per 32 values
-    d = max|x| / 127, q = rint(x / d) (as x * (1/d), the kernels' exact float32 steps). With
-    passes=2 the residual x - d q is quantized the same way and added (about 14 bits)."""
+    d = max|x| / 127, q = rint(x / d) (as x * (1/d), the kernels' exact float32 steps); with two
+    passes, plus the residual quantized the same way in the blocks the threshold selects."""
     rows, cols = x.shape
     blocks = np.ascontiguousarray(x, dtype=np.float32).reshape(rows, cols // BLOCK, BLOCK)
     d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127.0)
     with np.errstate(divide="ignore"):
         inverse = np.where(d != 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
     first = (np.rint(blocks * inverse) * d).reshape(rows, cols)
-    if passes == 1:
+    if scheme.passes == 1:
         return first
-    return first.astype(np.float64) + fake_quantize_activations(x - first)
+    square = d[..., 0].astype(np.float64) ** 2
+    second_pass = square >= scheme.second_pass_threshold * square.mean(axis=1, keepdims=True)
+    residual = np.where(np.repeat(second_pass, BLOCK, axis=1), fake_quantize_activations(x - first), 0.0)
+    return first.astype(np.float64) + residual
 
 
 @dataclass(frozen=True)

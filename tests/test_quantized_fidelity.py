@@ -204,3 +204,21 @@ def test_teacher_forced_fidelity(fidelity, name):
     wide = [f for f in s.flips if f[3] >= flip_gap]
     assert not wide, (mode, name, "argmax flips where the reference gap >= "
                       f"{flip_gap}: (position, ours, ref, gap) {wide}")
+
+
+def test_the_second_pass_threshold_reaches_the_kernels(checkpoint):
+    """A threshold no block reaches is the single pass bit for bit; 0 (every block) differs."""
+    if not _engine_has_quantization():
+        pytest.skip("EngineConfig has no field `quantization` yet")
+    prompt = PROMPTS["vietnamese_emoji"]["input_ids"]
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
+
+    def fed_token_logprobs(**config):
+        out = LLM(checkpoint, **config).generate([prompt], params)[0]
+        return [row.logprob for row in out.prompt_logprobs[1:]]
+
+    no_block = fed_token_logprobs(second_pass_threshold=float("inf"))
+    assert no_block == fed_token_logprobs(activation_passes=1)
+    assert no_block != fed_token_logprobs(second_pass_threshold=0.0)
+    with pytest.raises(ValueError, match="second_pass_threshold"):
+        LLM(checkpoint, second_pass_threshold=-1.0)

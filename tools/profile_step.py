@@ -29,6 +29,7 @@ from bench_serving import make_prompts  # noqa: E402
 
 import ember_cupy.model.llama as llama_module  # noqa: E402
 from ember_cupy import ops  # noqa: E402
+from ember_cupy.config import EngineConfig  # noqa: E402
 
 
 class OpClock:
@@ -137,13 +138,15 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="decode steps to time")
     ap.add_argument("--prefill", action="store_true", help="time one prefill instead")
     ap.add_argument("--quantization", default="auto", choices=["auto", "none", "q8_0"])
+    ap.add_argument("--second-pass-threshold", type=float, default=EngineConfig.second_pass_threshold,
+                    help="which activation blocks get the second int8 pass (0: every block)")
     ap.add_argument("--op-by-op", action="store_true",
                     help="run the layers op by op (the fused layer's twin) to see each op's share")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     from ember_cupy import LLM
     llm = LLM(args.model, max_num_seqs=max(64, args.batch), enable_prefix_caching=False,
-              quantization=args.quantization)
+              quantization=args.quantization, second_pass_threshold=args.second_pass_threshold)
     clock = OpClock()
     with profiling(llm, clock, op_by_op=args.op_by_op) as total:
         if args.prefill:

@@ -14,6 +14,7 @@ from ember_cupy.model.llama import BatchMetadata, LlamaModel
 from ember_cupy.engine.step_buffers import StepBuffers
 from ember_cupy.engine.warmup import warm_up
 from ember_cupy.ops.cache import resolve_kv_cache_dtype
+from ember_cupy.quant import ActivationQuantization
 
 
 def resolve_dtype(name: str, xp, stored_dtype: str | None = None) -> np.dtype:
@@ -85,7 +86,9 @@ class ModelRunner:
             _configure_cupy()
         self.quantization = config.quantization   # model/weights.py: what each backend serves quantized
         self.model = LlamaModel(checkpoint, xp=xp, dtype=dtype, quantization=self.quantization,
-                                consume=consume_checkpoint, activation_passes=config.activation_passes)
+                                consume=consume_checkpoint,
+                                activations=ActivationQuantization(config.activation_passes,
+                                                                   config.second_pass_threshold))
         kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype, xp, self.quantization)
         itemsize = kv_dtype.itemsize
         pool_bytes = config.kv_cache_memory if xp is np else device_kv_bytes(config, self.model_config, itemsize)

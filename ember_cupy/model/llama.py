@@ -23,6 +23,7 @@ from ember_cupy.model.weights import is_quantized, linear_weight, vocab_matrix
 from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops.layer import layer_args, llama_layer, step_args
 from ember_cupy.ops.linear import embedding, linear, matmul_q
+from ember_cupy.quant import ActivationQuantization
 
 
 _LM_HEAD_SLICE = 1024
@@ -65,11 +66,11 @@ def is_plain_llama(cfg: ModelConfig) -> bool:
 
 class LlamaModel:
     def __init__(self, checkpoint: Checkpoint, xp=np, dtype=np.float32, quantization: str = "none",
-                 consume: bool = False, activation_passes: int = 2):
+                 consume: bool = False, activations: ActivationQuantization = ActivationQuantization(passes=2)):
         """quantization: serving format of the matrices (ember_cupy/model/weights.py); consume:
         drop each checkpoint tensor once converted, so that the weights are held once;
-        activation_passes: int8 passes over the input of a quantized matmul (ops/linear.py)."""
-        self.activation_passes = activation_passes
+        activations: how a host-quantized matmul quantizes its input (quant.ActivationQuantization)."""
+        self.activations = activations
         self._fused_key, self._fused = None, None     # per-layer host-call arguments, per KV pool
         self.config: ModelConfig = checkpoint.config
         self.xp = xp
@@ -162,10 +163,9 @@ class LlamaModel:
         return ops.rms_norm(hidden[batch.logits_indices], self.norm, eps)
 
     def _mlp(self, x, layer: LayerWeights):
-        passes = self.activation_passes
-        gate_up = linear(x, layer.gate_up, passes)
+        gate_up = linear(x, layer.gate_up, self.activations)
         activated = ops.silu_and_mul(gate_up) if self.config.hidden_act == "silu" else ops.gelu_tanh_and_mul(gate_up)
-        return linear(activated, layer.down, passes)
+        return linear(activated, layer.down, self.activations)
 
     # --- one host-kernel call per layer (ops/layer.py); the loop above is its twin ---------
     fuse_layers = True      # tools/profile_step.py turns it off to time the ops one by one
@@ -189,7 +189,7 @@ class LlamaModel:
         hidden = np.ascontiguousarray(hidden, dtype=np.float32)
         residual = np.empty_like(hidden)
         step, keep = step_args(cfg, batch, hidden.shape[0], kv_caches[0][0], self.cos_sin_cache,
-                               self.scale, self.activation_passes)
+                               self.scale, self.activations)
         for index, layer_weights in enumerate(args):
             llama_layer(library, layer_weights, step, hidden, residual, index == 0)
         del keep
@@ -201,7 +201,7 @@ class LlamaModel:
         """x @ lm_head.T. For 2-24 rows on NumPy, lm_head @ x.T over slices of 1024 vocab rows
         is 1.3-1.6x faster with OpenBLAS (measured): the big matrix is not packed in one go."""
         if is_quantized(self.lm_head):
-            return matmul_q(x, self.lm_head, passes=self.activation_passes, out_dtype=np.float32)
+            return matmul_q(x, self.lm_head, activations=self.activations, out_dtype=np.float32)
         rows = x.shape[0]
         if self.xp is not np:
             return self._logits_fp32(x)
@@ -231,7 +231,7 @@ class LlamaModel:
 
     def _attention(self, x, index: int, layer: LayerWeights, batch: BatchMetadata, k_cache, v_cache):
         cfg = self.config
-        qkv = linear(x, layer.qkv, self.activation_passes)
+        qkv = linear(x, layer.qkv, self.activations)
         if layer.qkv_bias is not None:
             qkv += layer.qkv_bias
         num_tokens = x.shape[0]
@@ -246,7 +246,7 @@ class LlamaModel:
         ops.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         out = ops.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,
                                   batch.query_start_loc, self.scale, window)
-        return linear(out.reshape(num_tokens, cfg.q_size), layer.o, self.activation_passes)
+        return linear(out.reshape(num_tokens, cfg.q_size), layer.o, self.activations)
 
     def _head_norm(self, x, weight):
         """RMSNorm over each head of x [T, H, D] (a new contiguous array)."""

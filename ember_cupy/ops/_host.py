@@ -124,7 +124,7 @@ class HostLibrary:
             raise HostKernelError(f"host kernels built for {isa} report {built_isa}: flags not honoured")
 
     def _declare(self):
-        from ctypes import c_char_p, c_int, c_int32, c_int64, c_void_p
+        from ctypes import c_char_p, c_float, c_int, c_int32, c_int64, c_void_p
         lib = self.lib
         lib.ember_isa.restype = c_char_p
         lib.ember_max_threads.restype = c_int
@@ -132,7 +132,7 @@ class HostLibrary:
         lib.ember_quantize_q8.argtypes = [c_void_p, c_int64, c_int64, c_int64, c_void_p, c_void_p, c_void_p]
         lib.ember_quantize_q8.restype = None
         lib.ember_matmul_q.argtypes = [c_void_p, c_int64, c_int64, c_int64, c_void_p, c_int64, c_int32,
-                                       c_void_p, c_int64, c_int32]
+                                       c_void_p, c_int64, c_int32, c_float]
         lib.ember_matmul_q.restype = c_int
         for name, (argtypes, restype) in _EXTRA_SIGNATURES.items():
             function = getattr(lib, name, None)

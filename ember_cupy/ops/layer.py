@@ -9,7 +9,7 @@ import numpy as np
 
 from ember_cupy.ops import _host
 from ember_cupy.ops.attention import HOST_CACHE_DTYPES
-from ember_cupy.quant import PackedWeight
+from ember_cupy.quant import ActivationQuantization, PackedWeight
 
 _P, _I32, _I64, _F = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float
 
@@ -24,7 +24,7 @@ class StepArgs(ctypes.Structure):
     _fields_ = [("tokens", _I64), ("hidden", _I64), ("inter", _I64), ("heads", _I32), ("kv_heads", _I32),
                 ("head_dim", _I32), ("passes", _I32), ("neox", _I32), ("cache_f16", _I32),
                 ("block_size", _I32), ("num_seqs", _I32), ("max_blocks", _I32), ("num_blocks", _I64),
-                ("table_stride", _I64), ("eps", _F), ("scale", _F), ("positions", _P),
+                ("table_stride", _I64), ("eps", _F), ("scale", _F), ("second_pass_threshold", _F), ("positions", _P),
                 ("slot_mapping", _P), ("block_tables", _P), ("context_lens", _P),
                 ("query_start_loc", _P), ("cos_sin", _P)]
 
@@ -48,7 +48,7 @@ def layer_args(layer, k_cache: np.ndarray, v_cache: np.ndarray) -> LayerWeightsA
 
 
 def step_args(config, batch, num_tokens: int, k_cache: np.ndarray, cos_sin: np.ndarray, scale: float,
-              passes: int) -> tuple[StepArgs, list]:
+              activations: ActivationQuantization) -> tuple[StepArgs, list]:
     """The per-step arguments, and the arrays they point into (keep them alive for the call)."""
     keep = [np.ascontiguousarray(a, dtype=np.int32) for a in
             (batch.positions, batch.slot_mapping, batch.block_tables, batch.context_lens, batch.query_start_loc)]
@@ -57,8 +57,9 @@ def step_args(config, batch, num_tokens: int, k_cache: np.ndarray, cos_sin: np.n
         raise ValueError("llama_layer: a position outside the cos/sin cache")
     args = StepArgs(
         num_tokens, config.hidden_size, config.intermediate_size, config.num_heads, config.num_kv_heads,
-        config.head_dim, passes, 1, HOST_CACHE_DTYPES[k_cache.dtype], k_cache.shape[1], len(lens),
+        config.head_dim, activations.passes, 1, HOST_CACHE_DTYPES[k_cache.dtype], k_cache.shape[1], len(lens),
         tables.shape[1], k_cache.shape[0], tables.shape[1], config.rms_norm_eps, scale,
+        activations.second_pass_threshold,
         positions.ctypes.data, slots.ctypes.data, tables.ctypes.data, lens.ctypes.data,
         starts.ctypes.data, cos_sin.ctypes.data)
     return args, keep

@@ -20,7 +20,8 @@ import numpy as np
 
 from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops._kernel import array_module, i32, kernel
-from ember_cupy.quant import DeviceQuantizedWeight, PackedWeight, QuantizedTensor, fake_quantize_activations
+from ember_cupy.quant import (ONE_PASS, ActivationQuantization, DeviceQuantizedWeight, PackedWeight,
+                              QuantizedTensor, fake_quantize_activations)
 
 GEMV_MAX_ROWS = 8
 GEMV_ROWS_PER_BLOCK = 8          # weight rows per block of the GEMV (cuda/matmul_q.cu kRowsPerBlock)
@@ -29,10 +30,10 @@ SCRATCH_BYTES = 64 << 20         # dequantized slice of W in the large-M path
 _FORMAT_NAMES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
 
 
-def linear(x, weight, passes: int = 1):
-    """x [T, in] -> [T, out]; `passes` int8 passes over x for a host-quantized weight (matmul_q)."""
+def linear(x, weight, activations: ActivationQuantization = ONE_PASS):
+    """x [T, in] -> [T, out]; `activations`: how x is quantized for a host-quantized weight."""
     if isinstance(weight, (PackedWeight, DeviceQuantizedWeight)):
-        return matmul_q(x, weight, passes=passes)
+        return matmul_q(x, weight, activations=activations)
     return x @ weight
 
 
@@ -48,10 +49,10 @@ def embedding(table, ids, dtype=np.float32):
     return table[ids]
 
 
-def matmul_q(x, weight, library=None, passes: int = 1, out_dtype=None):
+def matmul_q(x, weight, library=None, activations: ActivationQuantization = ONE_PASS, out_dtype=None):
     """x [M, K] @ weight[N, K]^T -> [M, N].
-    PackedWeight: x float32, out float32; host kernel when one is active; passes=2 quantizes x in
-    two int8 passes (x and its residual) for ~14-bit activations.
+    PackedWeight: x float32, out float32; host kernel when one is active; x quantized to int8
+    blocks as `activations` says (two passes: ~14-bit activations where they matter).
     DeviceQuantizedWeight: out in x's dtype, or `out_dtype` (float32 for the LM head's logits)."""
     if isinstance(weight, DeviceQuantizedWeight):
         if _cuda.wants_kernel(x):
@@ -61,7 +62,7 @@ def matmul_q(x, weight, library=None, passes: int = 1, out_dtype=None):
         raise ValueError(f"the host matmul_q computes float32, not {np.dtype(out_dtype)}")
     library = library or _host.active()
     if library is None:
-        return matmul_q_numpy(x, weight, passes)
+        return matmul_q_numpy(x, weight, activations)
     _check(x, weight)
     if x.dtype != np.float32 or x.strides[-1] != 4:
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -69,16 +70,16 @@ def matmul_q(x, weight, library=None, passes: int = 1, out_dtype=None):
     out = np.empty((x.shape[0], rows), dtype=np.float32)
     status = library.lib.ember_matmul_q(
         x.ctypes.data, x.shape[0], cols, x.strides[0] // 4, weight.data.ctypes.data, rows,
-        weight.kernel_type, out.ctypes.data, rows, passes)
+        weight.kernel_type, out.ctypes.data, rows, activations.passes, activations.second_pass_threshold)
     if status:
         raise RuntimeError(f"ember_matmul_q failed with status {status}")
     return out
 
 
-def matmul_q_numpy(x: np.ndarray, weight: PackedWeight, passes: int = 1) -> np.ndarray:
+def matmul_q_numpy(x: np.ndarray, weight: PackedWeight, activations: ActivationQuantization = ONE_PASS) -> np.ndarray:
     """The NumPy twin of the host kernel: the int8 activation blocks, and W as its blocks say."""
     _check(x, weight)
-    x = fake_quantize_activations(np.asarray(x, dtype=np.float32), passes)
+    x = fake_quantize_activations(np.asarray(x, dtype=np.float32), activations)
     return (x @ weight.dequantize().T).astype(np.float32)
 
 
