@@ -22,7 +22,7 @@
 
 #define QK 32
 #define ROWS 8                       /* weight rows interleaved together */
-#define MR 4                         /* rows of x per tile */
+#define MR 8                         /* int8 rows of x per tile (with two passes, 4 rows of x) */
 #define GROUPS_PER_TASK 4            /* 32 weight rows per thread task */
 #ifndef X_TILE_BYTES
 #define X_TILE_BYTES 8192             /* int8 rows of x swept per weight group: they stay in L1 */
@@ -221,6 +221,10 @@ static void groups_against_x(const uint8_t *w, int32_t wtype, int64_t nb, const 
                      store_tile(out, R, passes, g * ROWS, N, y + (m / passes) * ldy, ldy); } while (0)
         for (; m + MR <= m1; m += MR) TILE(MR);
         switch (m1 - m) {
+            case 7: TILE(7); break;
+            case 6: TILE(6); break;
+            case 5: TILE(5); break;
+            case 4: TILE(4); break;
             case 3: TILE(3); break;
             case 2: TILE(2); break;
             case 1: TILE(1); break;

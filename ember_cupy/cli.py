@@ -91,7 +91,7 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     _add(g, "--activation-passes", type=int, choices=(1, 2), default=2,
          help="int8 passes over a quantized matmul's input: 2 = value + residual (~14 bits, faithful), "
               "1 = llama.cpp's single pass (faster batches, less faithful); CuPy: weight-only, unused")
-    _add(g, "--second-pass-threshold", type=float, default=0.5,
+    _add(g, "--second-pass-threshold", type=float, default=EngineConfig.second_pass_threshold,
          help="with 2 activation passes, the blocks that get the second: d^2 >= this x the row's mean d^2 "
               "(0 = every block: most faithful, slowest)")
     _add(g, "--no-progress", action="store_true", default=False, help="no progress bar while loading")
