@@ -92,8 +92,7 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
          help="int8 passes over a quantized matmul's input: 2 = value + residual (~14 bits, faithful), "
               "1 = llama.cpp's single pass (faster batches, less faithful); CuPy: weight-only, unused")
     _add(g, "--second-pass-threshold", type=float, default=EngineConfig.second_pass_threshold,
-         help="with 2 activation passes, the blocks that get the second: d^2 >= this x the row's mean d^2 "
-              "(0 = every block: most faithful, slowest)")
+         help="with 2 activation passes: blocks whose d^2 >= this x the row's mean d^2 get the second (0 = all)")
     _add(g, "--no-progress", action="store_true", default=False, help="no progress bar while loading")
 
 
@@ -180,8 +179,7 @@ def engine_config(args) -> EngineConfig:
                         enable_prefix_caching=args.enable_prefix_caching, policy=args.policy,
                         max_waiting=args.max_waiting, dtype=args.dtype,
                         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-                        activation_passes=args.activation_passes,
-                        second_pass_threshold=args.second_pass_threshold,
+                        activation_passes=args.activation_passes, second_pass_threshold=args.second_pass_threshold,
                         gpu_memory_utilization=args.gpu_memory_utilization)
 
 

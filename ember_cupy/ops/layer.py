@@ -24,8 +24,8 @@ class StepArgs(ctypes.Structure):
     _fields_ = [("tokens", _I64), ("hidden", _I64), ("inter", _I64), ("heads", _I32), ("kv_heads", _I32),
                 ("head_dim", _I32), ("passes", _I32), ("neox", _I32), ("cache_f16", _I32),
                 ("block_size", _I32), ("num_seqs", _I32), ("max_blocks", _I32), ("num_blocks", _I64),
-                ("table_stride", _I64), ("eps", _F), ("scale", _F), ("second_pass_threshold", _F), ("positions", _P),
-                ("slot_mapping", _P), ("block_tables", _P), ("context_lens", _P),
+                ("table_stride", _I64), ("eps", _F), ("scale", _F), ("second_pass_threshold", _F),
+                ("positions", _P), ("slot_mapping", _P), ("block_tables", _P), ("context_lens", _P),
                 ("query_start_loc", _P), ("cos_sin", _P)]
 
 
