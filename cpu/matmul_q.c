@@ -36,7 +36,7 @@ static const int64_t RECORD_BYTES[] = {16 + 256, 32 + 128};
 EMBER_EXPORT const char *ember_isa(void) { return EMBER_ISA; }
 
 /* ---- activation quantization ---------------------------------------------------------- */
-static void quantize_block(const float *xb, int8_t *q, float *d_out, float *s_out) {
+static void quantize_block(const float *xb, int8_t *q, float *d_out, float *s_out, int32_t *sum_out) {
     float amax = 0.0f;
     for (int i = 0; i < QK; i++) {
         float a = xb[i] < 0 ? -xb[i] : xb[i];
@@ -52,26 +52,37 @@ static void quantize_block(const float *xb, int8_t *q, float *d_out, float *s_ou
     }
     *d_out = d;
     *s_out = d * (float)sum;
+    if (sum_out) *sum_out = sum;
 }
 
-static void quantize_row(const float *x, int64_t K, int8_t *q, float *d_out, float *s_out) {
-    for (int64_t b = 0; b < K / QK; b++) quantize_block(x + b * QK, q + b * QK, d_out + b, s_out + b);
+/* xsum (may be NULL): each block's sum of q, for the VNNI kernels' Q8_0 offset */
+static void quantize_row(const float *x, int64_t K, int8_t *q, float *d_out, float *s_out, int32_t *xsum) {
+    for (int64_t b = 0; b < K / QK; b++)
+        quantize_block(x + b * QK, q + b * QK, d_out + b, s_out + b, xsum ? xsum + b : NULL);
 }
 
-struct quantize_job { const float *x; int64_t K, ldx; double threshold; int8_t *xq; float *xd, *xs; };
+struct quantize_job {
+    const float *x; int64_t K, ldx; double threshold; int8_t *xq; float *xd, *xs; int32_t *xsum;
+};
 
 static void quantize_rows(void *ctx, int64_t begin, int64_t end) {
     const struct quantize_job *job = ctx;
     const int64_t nb = job->K / QK;
     for (int64_t m = begin; m < end; m++)
-        quantize_row(job->x + m * job->ldx, job->K, job->xq + m * job->K, job->xd + m * nb, job->xs + m * nb);
+        quantize_row(job->x + m * job->ldx, job->K, job->xq + m * job->K, job->xd + m * nb, job->xs + m * nb,
+                     job->xsum ? job->xsum + m * nb : NULL);
+}
+
+static void quantize_one_pass(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *xq, float *xd,
+                              float *xs, int32_t *xsum) {
+    struct quantize_job job = {x, K, ldx, 0.0, xq, xd, xs, xsum};
+    if (M >= 8) ember_parallel_for(M, quantize_rows, &job);
+    else quantize_rows(&job, 0, M);
 }
 
 EMBER_EXPORT void ember_quantize_q8(const float *x, int64_t M, int64_t K, int64_t ldx,
                                     int8_t *xq, float *xd, float *xs) {
-    struct quantize_job job = {x, K, ldx, 0.0, xq, xd, xs};
-    if (M >= 8) ember_parallel_for(M, quantize_rows, &job);
-    else quantize_rows(&job, 0, M);
+    quantize_one_pass(x, M, K, ldx, xq, xd, xs, NULL);
 }
 
 /* ---- one group of 8 weight rows against R rows of x ------------------------------------- */
@@ -197,6 +208,87 @@ static inline void group_tile(const uint8_t *g, int32_t wtype, int64_t nb, const
 }
 #endif
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+/* Two weight groups (16 rows) per 512-bit register: half the dot-product instructions per MAC.
+ * Each lane computes what the 256-bit path computes for its row, in the same order: the two
+ * paths agree bit for bit. Q8_0 weights are made unsigned (w + 128, an xor of the sign bit) for
+ * vpdpbusd, and 128 x the block's sum of q is taken off the exact int32 sum afterwards. */
+#define PAIRED_GROUPS 1
+static inline __m512i load_pair(const uint8_t *a, const uint8_t *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)b), 1);
+}
+
+static inline __m512 load_f16x16(const uint8_t *a, const uint8_t *b) {
+    return _mm512_cvtph_ps(_mm256_set_m128i(_mm_loadu_si128((const __m128i *)b),
+                                            _mm_loadu_si128((const __m128i *)a)));
+}
+
+static inline __m512i bcast4x16(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+static inline __attribute__((always_inline)) void group_pair_tile(
+        const uint8_t *ga, const uint8_t *gb, int32_t wtype, int64_t nb, const int8_t *xq, int64_t K,
+        const float *xd, const float *xs, const int32_t *xsum, const int R,
+        float out_a[MR][ROWS], float out_b[MR][ROWS]) {
+    const int64_t rb = RECORD_BYTES[wtype];
+    __m512 acc[MR];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *ra = ga + b * rb, *rc = gb + b * rb;
+        _mm_prefetch((const char *)(ra + PREFETCH_BYTES), _MM_HINT_T0);
+        _mm_prefetch((const char *)(ra + PREFETCH_BYTES + 64), _MM_HINT_T0);
+        _mm_prefetch((const char *)(ra + PREFETCH_BYTES + 128), _MM_HINT_T0);
+        _mm_prefetch((const char *)(rc + PREFETCH_BYTES), _MM_HINT_T0);
+        _mm_prefetch((const char *)(rc + PREFETCH_BYTES + 64), _MM_HINT_T0);
+        _mm_prefetch((const char *)(rc + PREFETCH_BYTES + 128), _MM_HINT_T0);
+        const __m512 dw = load_f16x16(ra, rc);
+        if (wtype == WTYPE_Q4_1) {
+            const __m512 mw = load_f16x16(ra + 16, rc + 16);
+            const __m512i low = _mm512_set1_epi8(0x0f);
+            __m512i lo[4], hi[4];
+            for (int c = 0; c < 4; c++) {
+                const __m512i v = load_pair(ra + 32 + 32 * c, rc + 32 + 32 * c);
+                lo[c] = _mm512_and_si512(v, low);
+                hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            }
+            for (int r = 0; r < R; r++) {
+                if (xd[r * nb + b] == 0.0f) continue;
+                const int8_t *xb = xq + r * K + b * QK;
+                __m512i sum = _mm512_setzero_si512();
+                for (int c = 0; c < 4; c++) {
+                    sum = _mm512_dpbusd_epi32(sum, lo[c], bcast4x16(xb + 8 * c));
+                    sum = _mm512_dpbusd_epi32(sum, hi[c], bcast4x16(xb + 8 * c + 4));
+                }
+                const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nb + b]));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[r]);
+                acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[r * nb + b]), acc[r]);
+            }
+        } else {
+            const __m512i sign = _mm512_set1_epi8((char)0x80);
+            __m512i wu[8];
+            for (int j = 0; j < 8; j++) wu[j] = _mm512_xor_si512(load_pair(ra + 16 + 32 * j, rc + 16 + 32 * j), sign);
+            for (int r = 0; r < R; r++) {
+                if (xd[r * nb + b] == 0.0f) continue;
+                const int8_t *xb = xq + r * K + b * QK;
+                __m512i sum = _mm512_setzero_si512();
+                for (int j = 0; j < 8; j++) sum = _mm512_dpbusd_epi32(sum, wu[j], bcast4x16(xb + 4 * j));
+                sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * xsum[r * nb + b]));
+                const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nb + b]));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(out_a[r], _mm512_castps512_ps256(acc[r]));
+        _mm256_storeu_ps(out_b[r], _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r]), 1)));
+    }
+}
+#endif
+
 /* With two passes, tile rows 2i and 2i+1 are one row of x quantized twice: their sum is its output. */
 static void store_tile(float out[MR][ROWS], int R, int32_t passes, int64_t n0, int64_t N, float *y, int64_t ldy) {
     const int64_t count = N - n0 < ROWS ? N - n0 : ROWS;
@@ -208,13 +300,40 @@ static void store_tile(float out[MR][ROWS], int R, int32_t passes, int64_t n0, i
         for (int64_t n = 0; n < count; n++) y[(r / 2) * ldy + n0 + n] = out[r][n] + out[r + 1][n];
 }
 
-/* Groups [g0, g1) of 8 weight rows against rows [m0, m1) of x. */
+/* Groups [g0, g1) of 8 weight rows against rows [m0, m1) of x; in pairs where the ISA has them. */
 static void groups_against_x(const uint8_t *w, int32_t wtype, int64_t nb, const int8_t *xq,
-                             int64_t K, const float *xd, const float *xs, int32_t passes, int64_t m0,
-                             int64_t m1, int64_t g0, int64_t g1, int64_t N, float *y, int64_t ldy) {
+                             int64_t K, const float *xd, const float *xs, const int32_t *xsum,
+                             int32_t passes, int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t N,
+                             float *y, int64_t ldy) {
     const int64_t group_bytes = nb * RECORD_BYTES[wtype];
     float out[MR][ROWS];
-    for (int64_t g = g0; g < g1; g++) {
+    int64_t g = g0;
+#if defined(PAIRED_GROUPS)
+    float out_b[MR][ROWS];
+    for (; g + 1 < g1; g += 2) {
+        const uint8_t *gw = w + g * group_bytes;
+        int64_t m = m0;
+#define PAIR(R) do { group_pair_tile(gw, gw + group_bytes, wtype, nb, xq + m * K, K, xd + m * nb, \
+                                     xs + m * nb, xsum + m * nb, R, out, out_b); \
+                     store_tile(out, R, passes, g * ROWS, N, y + (m / passes) * ldy, ldy); \
+                     store_tile(out_b, R, passes, (g + 1) * ROWS, N, y + (m / passes) * ldy, ldy); } while (0)
+        for (; m + MR <= m1; m += MR) PAIR(MR);
+        switch (m1 - m) {
+            case 7: PAIR(7); break;
+            case 6: PAIR(6); break;
+            case 5: PAIR(5); break;
+            case 4: PAIR(4); break;
+            case 3: PAIR(3); break;
+            case 2: PAIR(2); break;
+            case 1: PAIR(1); break;
+            default: break;
+        }
+#undef PAIR
+    }
+#else
+    (void)xsum;
+#endif
+    for (; g < g1; g++) {
         const uint8_t *gw = w + g * group_bytes;
         int64_t m = m0;
 #define TILE(R) do { group_tile(gw, wtype, nb, xq + m * K, K, xd + m * nb, xs + m * nb, R, out); \
@@ -236,7 +355,7 @@ static void groups_against_x(const uint8_t *w, int32_t wtype, int64_t nb, const 
 
 struct matmul_job {
     const uint8_t *w; int32_t wtype, passes; int64_t nb, K, groups, N, ldy, rows, chunk;
-    const int8_t *xq; const float *xd, *xs; float *y;
+    const int8_t *xq; const float *xd, *xs; const int32_t *xsum; float *y;
 };
 
 /* A thread's tasks (GROUPS_PER_TASK weight groups each) against every chunk of x in turn: the
@@ -246,7 +365,7 @@ static void matmul_tasks(void *ctx, int64_t begin, int64_t end) {
     for (int64_t m0 = 0; m0 < j->rows; m0 += j->chunk) {
         const int64_t m1 = m0 + j->chunk < j->rows ? m0 + j->chunk : j->rows;
         const int64_t g1 = end * GROUPS_PER_TASK < j->groups ? end * GROUPS_PER_TASK : j->groups;
-        groups_against_x(j->w, j->wtype, j->nb, j->xq, j->K, j->xd, j->xs, j->passes, m0, m1,
+        groups_against_x(j->w, j->wtype, j->nb, j->xq, j->K, j->xd, j->xs, j->xsum, j->passes, m0, m1,
                          begin * GROUPS_PER_TASK, g1, j->N, j->y, j->ldy);
     }
 }
@@ -262,9 +381,10 @@ static void quantize_two_pass_rows(void *ctx, int64_t begin, int64_t end) {
         const float *x = job->x + m * job->ldx;
         int8_t *q1 = job->xq + 2 * m * K;
         float *d1 = job->xd + 2 * m * nb, *s1 = job->xs + 2 * m * nb;
+        int32_t *sum1 = job->xsum + 2 * m * nb;
         double mean_square = 0.0;
         for (int64_t b = 0; b < nb; b++) {
-            quantize_block(x + b * QK, q1 + b * QK, d1 + b, s1 + b);
+            quantize_block(x + b * QK, q1 + b * QK, d1 + b, s1 + b, sum1 + b);
             mean_square += (double)d1[b] * (double)d1[b];
         }
         const double cut = job->threshold * (mean_square / (double)nb);
@@ -272,17 +392,18 @@ static void quantize_two_pass_rows(void *ctx, int64_t begin, int64_t end) {
             if ((double)d1[b] * (double)d1[b] < cut) {
                 memset(q1 + K + b * QK, 0, QK);
                 d1[nb + b] = s1[nb + b] = 0.0f;
+                sum1[nb + b] = 0;
                 continue;
             }
             for (int i = 0; i < QK; i++) residual[i] = x[b * QK + i] - (float)q1[b * QK + i] * d1[b];
-            quantize_block(residual, q1 + K + b * QK, d1 + nb + b, s1 + nb + b);
+            quantize_block(residual, q1 + K + b * QK, d1 + nb + b, s1 + nb + b, sum1 + nb + b);
         }
     }
 }
 
 static void quantize_two_pass(const float *x, int64_t M, int64_t K, int64_t ldx, double threshold,
-                              int8_t *xq, float *xd, float *xs) {
-    struct quantize_job job = {x, K, ldx, threshold, xq, xd, xs};
+                              int8_t *xq, float *xd, float *xs, int32_t *xsum) {
+    struct quantize_job job = {x, K, ldx, threshold, xq, xd, xs, xsum};
     if (M >= 8) ember_parallel_for(M, quantize_two_pass_rows, &job);
     else quantize_two_pass_rows(&job, 0, M);
 }
@@ -298,14 +419,15 @@ EMBER_EXPORT int ember_matmul_q(const float *x, int64_t M, int64_t K, int64_t ld
     if (M == 0 || N == 0) return 0;
     const int64_t nb = K / QK, groups = (N + ROWS - 1) / ROWS, rows = M * passes;
     int8_t *xq = (int8_t *)malloc((size_t)(rows * K + 64));
-    float *xd = (float *)malloc(sizeof(float) * (size_t)(rows * nb) * 2);
+    float *xd = (float *)malloc(sizeof(float) * (size_t)(rows * nb) * 3);
     if (!xq || !xd) { free(xq); free(xd); return -2; }
     float *xs = xd + rows * nb;
-    if (passes == 2) quantize_two_pass(x, M, K, ldx, second_pass_threshold, xq, xd, xs);
-    else ember_quantize_q8(x, M, K, ldx, xq, xd, xs);
+    int32_t *xsum = (int32_t *)(xs + rows * nb);
+    if (passes == 2) quantize_two_pass(x, M, K, ldx, second_pass_threshold, xq, xd, xs, xsum);
+    else quantize_one_pass(x, M, K, ldx, xq, xd, xs, xsum);
     int64_t chunk = X_TILE_BYTES / K / MR * MR;   /* a multiple of MR: two-pass pairs stay whole */
     if (chunk < MR) chunk = MR;
-    struct matmul_job job = {w, wtype, passes, nb, K, groups, N, ldy, rows, chunk, xq, xd, xs, y};
+    struct matmul_job job = {w, wtype, passes, nb, K, groups, N, ldy, rows, chunk, xq, xd, xs, xsum, y};
     ember_parallel_for((groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK, matmul_tasks, &job);
     free(xq);
     free(xd);

@@ -147,6 +147,21 @@ def test_each_row_is_the_same_whatever_the_batch(library, qtype):
     np.testing.assert_array_equal(matmul_q(x[5:11], weight, library), together[5:11])
 
 
+@pytest.mark.skipif("avx512vnni" not in RUNNABLE, reason="this CPU cannot run the AVX-512 VNNI path")
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
+def test_the_avx512_path_is_the_avx2_path_bit_for_bit(qtype, passes):
+    """The 512-bit kernels take two weight groups at once (Q8_0 as w + 128); every output is
+    the 256-bit path's integer sums and float steps, in the same order. 37 rows: a lone group."""
+    rng = np.random.default_rng(9)
+    weight = _weight(rng, qtype, 37, 160)
+    x = rng.standard_normal((11, 160)).astype(np.float32) * rng.uniform(0.1, 9, (1, 160)).astype(np.float32)
+    x[3, 32:64] = 0.0
+    scheme = ActivationQuantization(passes, 0.5)
+    wide, narrow = _host.load_library("avx512vnni"), _host.load_library("avx2")
+    np.testing.assert_array_equal(matmul_q(x, weight, wide, scheme), matmul_q(x, weight, narrow, scheme))
+
+
 @pytest.mark.parametrize("qtype", ["Q5_0", "Q4_K", "Q6_K"])
 def test_other_formats_are_requantized_to_q8_0(qtype):
     rng = np.random.default_rng(6)

