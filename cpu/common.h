@@ -22,7 +22,9 @@
 
 #define EMBER_EXPORT __attribute__((visibility("default")))
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define EMBER_ISA "avx512amx"
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define EMBER_ISA "avx512vnni"
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define EMBER_ISA "avx2"

@@ -289,8 +289,115 @@ static inline __attribute__((always_inline)) void group_pair_tile(
 }
 #endif
 
+#if defined(PAIRED_GROUPS) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+/* AMX: a weight-group pair's block is one tile B (8 rows of 64 bytes: row k4 holds k = 4 k4..4 k4+3
+ * of the 16 weight rows, which is how the packed chunks already lie), 16 int8 rows of x are tile A
+ * (their rows as quantized, stride K), and tile C = A B holds the block's exact int32 sums for 16 x
+ * 16 outputs. They are then scaled with the 512-bit path's float steps in its order: the same bits.
+ * Linux lends the tile registers to a process that asks (arch_prctl); where it refuses, the
+ * 512-bit path runs. */
+#include <sys/syscall.h>
+#include <unistd.h>
+#define AMX_TILES 1
+#define AMX_ROWS 16                  /* int8 rows of x per tile A */
+#define AMX_MIN_ROWS 8               /* fewer rows: the 512-bit path is faster */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define TILE_C 0                     /* tile register numbers: literals, for the intrinsics' asm */
+#define TILE_A 1
+#define TILE_B 2
+
+struct tile_config { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; };
+
+static int amx_permission(void) {                /* 1 granted, -1 refused; asked once */
+    static int state = 0;
+    int seen = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+    if (!seen) {
+        seen = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
+        __atomic_store_n(&state, seen, __ATOMIC_RELEASE);
+    }
+    return seen;
+}
+
+EMBER_EXPORT int ember_amx_ready(void) { return amx_permission() > 0; }
+
+static void configure_tiles(void) {           /* per thread: the tile shapes stay loaded */
+    static __thread int configured = 0;
+    if (configured) return;
+    struct tile_config config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    config.rows[TILE_C] = AMX_ROWS; config.colsb[TILE_C] = 2 * ROWS * 4;
+    config.rows[TILE_A] = AMX_ROWS; config.colsb[TILE_A] = QK;
+    config.rows[TILE_B] = QK / 4;   config.colsb[TILE_B] = 2 * ROWS * 4;
+    _tile_loadconfig(&config);
+    configured = 1;
+}
+
+/* The pair's blocks as tiles B, 512 bytes each: Q4_1's nibbles unpacked (chunk c's low nibbles
+ * are k4 = 2c, its high nibbles k4 = 2c + 1), Q8_0's chunks as they are. */
+static void pair_b_tiles(const uint8_t *ga, const uint8_t *gb, int32_t wtype, int64_t nb, uint8_t *tiles) {
+    const int64_t rb = RECORD_BYTES[wtype];
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *ra = ga + b * rb, *rc = gb + b * rb;
+        __m512i *tile = (__m512i *)(tiles + b * 512);
+        if (wtype == WTYPE_Q4_1) {
+            for (int c = 0; c < 4; c++) {
+                const __m512i v = load_pair(ra + 32 + 32 * c, rc + 32 + 32 * c);
+                _mm512_store_si512(tile + 2 * c, _mm512_and_si512(v, low));
+                _mm512_store_si512(tile + 2 * c + 1, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+            }
+        } else {
+            for (int j = 0; j < 8; j++) _mm512_store_si512(tile + j, load_pair(ra + 16 + 32 * j, rc + 16 + 32 * j));
+        }
+    }
+}
+
+/* Block b's int32 sums of 16 x rows against the pair, into sums (16 rows of 16). */
+static inline void tile_block(int32_t wtype, const uint8_t *tiles, const int8_t *xq, int64_t K, int64_t b,
+                              int32_t sums[AMX_ROWS][2 * ROWS]) {
+    _tile_loadd(TILE_A, xq + b * QK, K);
+    _tile_loadd(TILE_B, tiles + b * 512, 64);
+    _tile_zero(TILE_C);
+    if (wtype == WTYPE_Q4_1) _tile_dpbsud(TILE_C, TILE_A, TILE_B);   /* signed x, unsigned nibbles */
+    else _tile_dpbssd(TILE_C, TILE_A, TILE_B);
+    _tile_stored(TILE_C, sums, 64);
+}
+
+/* Up to 16 int8 rows of x (xq holds 16 readable rows) against a pair whose tiles B are built.
+ * The tiles compute block b + 1 while the vector units scale block b. */
+static void pair_tile_amx(const uint8_t *ga, const uint8_t *gb, int32_t wtype, int64_t nb, const uint8_t *tiles,
+                          const int8_t *xq, int64_t K, const float *xd, const float *xs, const int R,
+                          float out_a[][ROWS], float out_b[][ROWS]) {
+    const int64_t rb = RECORD_BYTES[wtype];
+    int32_t sums[2][AMX_ROWS][2 * ROWS] __attribute__((aligned(64)));
+    __m512 acc[AMX_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    tile_block(wtype, tiles, xq, K, 0, sums[0]);
+    for (int64_t b = 0; b < nb; b++) {
+        if (b + 1 < nb) tile_block(wtype, tiles, xq, K, b + 1, sums[(b + 1) & 1]);
+        const int32_t (*block)[2 * ROWS] = sums[b & 1];
+        const uint8_t *ra = ga + b * rb, *rc = gb + b * rb;
+        const __m512 dw = load_f16x16(ra, rc);
+        const __m512 mw = wtype == WTYPE_Q4_1 ? load_f16x16(ra + 16, rc + 16) : _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) {      /* no skip: a zero block adds +-0 to an acc that is never -0 */
+            const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nb + b]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(block[r])), scale, acc[r]);
+            if (wtype == WTYPE_Q4_1) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[r * nb + b]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(out_a[r], _mm512_castps512_ps256(acc[r]));
+        _mm256_storeu_ps(out_b[r], _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r]), 1)));
+    }
+}
+#else
+EMBER_EXPORT int ember_amx_ready(void) { return 0; }
+#endif
+
 /* With two passes, tile rows 2i and 2i+1 are one row of x quantized twice: their sum is its output. */
-static void store_tile(float out[MR][ROWS], int R, int32_t passes, int64_t n0, int64_t N, float *y, int64_t ldy) {
+static void store_tile(float out[][ROWS], int R, int32_t passes, int64_t n0, int64_t N, float *y, int64_t ldy) {
     const int64_t count = N - n0 < ROWS ? N - n0 : ROWS;
     if (passes == 1) {
         for (int r = 0; r < R; r++) memcpy(y + r * ldy + n0, out[r], sizeof(float) * (size_t)count);
@@ -354,14 +461,47 @@ static void groups_against_x(const uint8_t *w, int32_t wtype, int64_t nb, const 
 }
 
 struct matmul_job {
-    const uint8_t *w; int32_t wtype, passes; int64_t nb, K, groups, N, ldy, rows, chunk;
+    const uint8_t *w; int32_t wtype, passes, amx; int64_t nb, K, groups, N, ldy, rows, chunk;
     const int8_t *xq; const float *xd, *xs; const int32_t *xsum; float *y;
 };
 
 /* A thread's tasks (GROUPS_PER_TASK weight groups each) against every chunk of x in turn: the
  * chunk's int8 rows stay in L1 while its groups pass over them, its weight slice stays in L2. */
+#if defined(AMX_TILES)
+/* Groups [g0, g1) against every row of x, a pair's tiles B built once for all its tiles A. */
+static int groups_amx(const struct matmul_job *j, int64_t g0, int64_t g1) {
+    const int64_t group_bytes = j->nb * RECORD_BYTES[j->wtype];
+    uint8_t *tiles = aligned_alloc(64, (size_t)(j->nb * 512));
+    if (!tiles) return 0;
+    configure_tiles();
+    float out[AMX_ROWS][ROWS], out_b[AMX_ROWS][ROWS];
+    int64_t g = g0;
+    for (; g + 1 < g1; g += 2) {
+        const uint8_t *ga = j->w + g * group_bytes, *gb = ga + group_bytes;
+        pair_b_tiles(ga, gb, j->wtype, j->nb, tiles);
+        for (int64_t m = 0; m < j->rows; m += AMX_ROWS) {
+            const int R = j->rows - m < AMX_ROWS ? (int)(j->rows - m) : AMX_ROWS;
+            float *y = j->y + (m / j->passes) * j->ldy;
+            pair_tile_amx(ga, gb, j->wtype, j->nb, tiles, j->xq + m * j->K, j->K, j->xd + m * j->nb,
+                          j->xs + m * j->nb, R, out, out_b);
+            store_tile(out, R, j->passes, g * ROWS, j->N, y, j->ldy);
+            store_tile(out_b, R, j->passes, (g + 1) * ROWS, j->N, y, j->ldy);
+        }
+    }
+    free(tiles);
+    if (g < g1)
+        groups_against_x(j->w, j->wtype, j->nb, j->xq, j->K, j->xd, j->xs, j->xsum, j->passes, 0, j->rows,
+                         g, g1, j->N, j->y, j->ldy);
+    return 1;
+}
+#endif
+
 static void matmul_tasks(void *ctx, int64_t begin, int64_t end) {
     const struct matmul_job *j = ctx;
+#if defined(AMX_TILES)
+    if (j->amx && groups_amx(j, begin * GROUPS_PER_TASK,
+                             end * GROUPS_PER_TASK < j->groups ? end * GROUPS_PER_TASK : j->groups)) return;
+#endif
     for (int64_t m0 = 0; m0 < j->rows; m0 += j->chunk) {
         const int64_t m1 = m0 + j->chunk < j->rows ? m0 + j->chunk : j->rows;
         const int64_t g1 = end * GROUPS_PER_TASK < j->groups ? end * GROUPS_PER_TASK : j->groups;
@@ -418,16 +558,23 @@ EMBER_EXPORT int ember_matmul_q(const float *x, int64_t M, int64_t K, int64_t ld
     if ((passes != 1 && passes != 2) || !(second_pass_threshold >= 0.0f)) return -1;
     if (M == 0 || N == 0) return 0;
     const int64_t nb = K / QK, groups = (N + ROWS - 1) / ROWS, rows = M * passes;
-    int8_t *xq = (int8_t *)malloc((size_t)(rows * K + 64));
+    const int64_t padded_rows = (rows + 15) / 16 * 16;      /* AMX reads x 16 rows at a time */
+    int8_t *xq = (int8_t *)malloc((size_t)(padded_rows * K + 64));
     float *xd = (float *)malloc(sizeof(float) * (size_t)(rows * nb) * 3);
     if (!xq || !xd) { free(xq); free(xd); return -2; }
+    memset(xq + rows * K, 0, (size_t)((padded_rows - rows) * K));
     float *xs = xd + rows * nb;
     int32_t *xsum = (int32_t *)(xs + rows * nb);
     if (passes == 2) quantize_two_pass(x, M, K, ldx, second_pass_threshold, xq, xd, xs, xsum);
     else quantize_one_pass(x, M, K, ldx, xq, xd, xs, xsum);
     int64_t chunk = X_TILE_BYTES / K / MR * MR;   /* a multiple of MR: two-pass pairs stay whole */
     if (chunk < MR) chunk = MR;
-    struct matmul_job job = {w, wtype, passes, nb, K, groups, N, ldy, rows, chunk, xq, xd, xs, xsum, y};
+#if defined(AMX_TILES)
+    const int32_t amx = rows >= AMX_MIN_ROWS && amx_permission() > 0;
+#else
+    const int32_t amx = 0;
+#endif
+    struct matmul_job job = {w, wtype, passes, amx, nb, K, groups, N, ldy, rows, chunk, xq, xd, xs, xsum, y};
     ember_parallel_for((groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK, matmul_tasks, &job);
     free(xq);
     free(xd);

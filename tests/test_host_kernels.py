@@ -48,7 +48,27 @@ def test_the_library_reports_the_path_it_was_built_for(library):
 def test_best_isa_follows_the_cpu_flags():
     assert _host.best_isa(set()) == "portable"
     assert _host.best_isa({"avx2", "fma", "f16c"}) == "avx2"
-    assert _host.best_isa({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}) == "avx512vnni"
+    avx512 = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
+    assert _host.best_isa(avx512) == "avx512vnni"
+    assert _host.best_isa(avx512 | {"amx_tile", "amx_int8"}) == "avx512amx"
+
+
+def test_a_path_the_os_refuses_falls_back_to_the_next(monkeypatch, caplog):
+    """AMX needs the kernel's permission (arch_prctl): refused, the AVX-512 path loads instead."""
+    tried = []
+
+    class Refusing:
+        def __init__(self, isa):
+            tried.append(isa)
+            if isa == "avx512amx":
+                raise _host.HostKernelError("refused")
+            self.isa = isa
+
+    monkeypatch.setattr(_host, "HostLibrary", Refusing)
+    monkeypatch.setattr(_host, "supported_isas", lambda: ["avx512amx", "avx512vnni", "avx2", "portable"])
+    with caplog.at_level(logging.WARNING, logger="ember_cupy.host"):
+        assert _host._best_loadable().isa == "avx512vnni"
+    assert tried == ["avx512amx", "avx512vnni"] and "avx512amx path unavailable" in caplog.text
 
 
 def test_every_isa_path_compiles():
@@ -147,18 +167,22 @@ def test_each_row_is_the_same_whatever_the_batch(library, qtype):
     np.testing.assert_array_equal(matmul_q(x[5:11], weight, library), together[5:11])
 
 
-@pytest.mark.skipif("avx512vnni" not in RUNNABLE, reason="this CPU cannot run the AVX-512 VNNI path")
+@pytest.mark.parametrize("isa", ["avx512vnni", "avx512amx"])
+@pytest.mark.parametrize("rows", [3, 11, 40])
 @pytest.mark.parametrize("passes", [1, 2])
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
-def test_the_avx512_path_is_the_avx2_path_bit_for_bit(qtype, passes):
-    """The 512-bit kernels take two weight groups at once (Q8_0 as w + 128); every output is
-    the 256-bit path's integer sums and float steps, in the same order. 37 rows: a lone group."""
-    rng = np.random.default_rng(9)
+def test_the_avx512_paths_are_the_avx2_path_bit_for_bit(isa, qtype, passes, rows):
+    """The 512-bit kernels take two weight groups at once (Q8_0 as w + 128), AMX 16 rows of x
+    per tile (from 8 int8 rows); every output is the 256-bit path's integer sums and float steps,
+    in the same order. 37 weight rows: a lone group beside the pairs."""
+    if isa not in RUNNABLE:
+        pytest.skip(f"this CPU cannot run the {isa} path")
+    rng = np.random.default_rng(rows)
     weight = _weight(rng, qtype, 37, 160)
-    x = rng.standard_normal((11, 160)).astype(np.float32) * rng.uniform(0.1, 9, (1, 160)).astype(np.float32)
-    x[3, 32:64] = 0.0
+    x = rng.standard_normal((rows, 160)).astype(np.float32) * rng.uniform(0.1, 9, (1, 160)).astype(np.float32)
+    x[1, 32:64] = 0.0
     scheme = ActivationQuantization(passes, 0.5)
-    wide, narrow = _host.load_library("avx512vnni"), _host.load_library("avx2")
+    wide, narrow = _host.load_library(isa), _host.load_library("avx2")
     np.testing.assert_array_equal(matmul_q(x, weight, wide, scheme), matmul_q(x, weight, narrow, scheme))
 
 

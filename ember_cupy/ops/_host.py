@@ -2,7 +2,8 @@
 the CPU's features, cached on disk (keyed by source hash + flags + compiler version), loaded with
 ctypes (which releases the GIL during a call). The CPU twin of ops/_cuda.py.
 
-ISA paths: `avx512vnni`, `avx2`, `portable` (plain C any compiler builds). `EMBER_HOST_ISA`
+ISA paths: `avx512amx` (AVX-512 VNNI plus AMX tiles for matmuls of 8 rows or more, where Linux
+grants the tiles), `avx512vnni`, `avx2`, `portable` (plain C any compiler builds). `EMBER_HOST_ISA`
 forces one; `EMBER_HOST_KERNELS=0` turns host kernels off (the NumPy twins run instead);
 `EMBER_NUM_THREADS` sets the kernels' thread count (default: the CPUs this process may use), and
 `EMBER_SPIN_US` how long idle workers spin before sleeping (cpu/threadpool.h).
@@ -25,11 +26,14 @@ from ember_cupy.ops._sources import kernel_source_dir
 logger = logging.getLogger("ember_cupy.host")
 
 ISA_FLAGS = {
+    "avx512amx": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c",
+                  "-mamx-tile", "-mamx-int8"),
     "avx512vnni": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c"),
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
     "portable": (),
 }
 ISA_CPU_FLAGS = {
+    "avx512amx": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c", "amx_tile", "amx_int8"},
     "avx512vnni": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"},
     "avx2": {"avx2", "fma", "f16c"},
     "portable": set(),
@@ -122,12 +126,15 @@ class HostLibrary:
         built_isa = self.lib.ember_isa().decode()
         if built_isa != isa:
             raise HostKernelError(f"host kernels built for {isa} report {built_isa}: flags not honoured")
+        if isa == "avx512amx" and not self.lib.ember_amx_ready():
+            raise HostKernelError("the kernel refused this process the AMX tile registers (arch_prctl)")
 
     def _declare(self):
         from ctypes import c_char_p, c_float, c_int, c_int32, c_int64, c_void_p
         lib = self.lib
         lib.ember_isa.restype = c_char_p
         lib.ember_max_threads.restype = c_int
+        lib.ember_amx_ready.restype = c_int
         lib.ember_set_num_threads.argtypes = [c_int]
         lib.ember_quantize_q8.argtypes = [c_void_p, c_int64, c_int64, c_int64, c_void_p, c_void_p, c_void_p]
         lib.ember_quantize_q8.restype = None
@@ -162,12 +169,25 @@ def _usable_cpus() -> int:
 @functools.lru_cache(maxsize=None)
 def load_library(isa: str | None = None) -> HostLibrary:
     """The host kernels for `isa` (default: EMBER_HOST_ISA, else the best this CPU supports)."""
-    isa = isa or os.environ.get("EMBER_HOST_ISA") or best_isa()
+    isa = isa or os.environ.get("EMBER_HOST_ISA")
+    if isa is None:
+        return _best_loadable()
     if isa not in ISA_FLAGS:
         raise HostKernelError(f"EMBER_HOST_ISA={isa!r} is not one of {sorted(ISA_FLAGS)}")
     if isa not in supported_isas() and isa != "portable":
         raise HostKernelError(f"this CPU lacks the features of the {isa} path")
     return HostLibrary(isa)
+
+
+def _best_loadable() -> HostLibrary:
+    """The first path this CPU supports that loads (AMX may be refused by the OS: then AVX-512)."""
+    *better, last = supported_isas()
+    for isa in better:
+        try:
+            return HostLibrary(isa)
+        except HostKernelError as error:
+            logger.warning("host kernels: %s path unavailable (%s), trying the next", isa, error)
+    return HostLibrary(last)
 
 
 @functools.lru_cache(maxsize=None)
