@@ -147,15 +147,16 @@ def _top_p_count(cumulative: np.ndarray, limit: float) -> int:
 
 
 def filtered_distribution(row: np.ndarray, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-                          kth: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+                          kth: float | None = None, top: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The tokens one temperature-scaled row may sample and their unnormalised probabilities
     (float64), in the order the draw walks them. Empty when the row has no finite or +inf logit.
 
     kth, if given, is the row's k-th largest logit for k = top_k (or, without top-k but with
-    top_p < 1, for k = TOP_P_CANDIDATES[0]); the batch computes it with one partition.
+    top_p < 1, for k = TOP_P_CANDIDATES[0]); the batch computes it with one partition. top, if
+    given, is row.max().
     """
     vocab = row.shape[-1]
-    top = row.max()
+    top = row.max() if top is None else np.float32(top)
     if top == np.inf:            # the limit of the softmax: uniform over the +inf tokens
         row = np.where(row == np.inf, np.float32(0.0), np.float32(-np.inf))
         top, kth = np.float32(0.0), None
@@ -322,7 +323,8 @@ def sample_tokens_numpy(logits: np.ndarray, batch: SamplingBatch) -> np.ndarray:
         tokens[greedy] = _argmax_ignoring_nan(logits if len(greedy) == batch.num_rows else logits[greedy])
     random = np.flatnonzero(~batch.greedy)
     if len(random):
-        tokens[random] = _draw(logits[random], batch.ints[random], batch.reals[random])
+        rows = logits if len(random) == batch.num_rows else logits[random]
+        tokens[random] = _draw(rows, batch.ints[random], batch.reals[random])
     return tokens
 
 
@@ -337,11 +339,15 @@ def _argmax_ignoring_nan(rows: np.ndarray) -> np.ndarray:
     return picked
 
 
-def _draw(logits: np.ndarray, ints: np.ndarray, reals: np.ndarray) -> np.ndarray:
-    """Random rows (a private copy): temperature, the filters, each row's uniform inverted over
-    its kept tokens' CDF."""
-    logits[np.isnan(logits)] = -np.inf
-    logits /= reals[:, TEMPERATURE].astype(np.float32)[:, None]
+def _draw(rows: np.ndarray, ints: np.ndarray, reals: np.ndarray) -> np.ndarray:
+    """Random rows (read only): temperature, the filters, each row's uniform inverted over its
+    kept tokens' CDF. Three passes over the batch: the division (into a new array), the row
+    maxima (NaN there means a NaN in the row: only such rows are scrubbed), the k-th largest."""
+    logits = rows / reals[:, TEMPERATURE].astype(np.float32)[:, None]
+    tops = logits.max(axis=-1)
+    for i in np.flatnonzero(np.isnan(tops)):
+        logits[i, np.isnan(logits[i])] = -np.inf
+        tops[i] = logits[i].max()
     vocab = logits.shape[-1]
     top_k, top_p, min_p = ints[:, 0].tolist(), reals[:, TOP_P].tolist(), reals[:, MIN_P].tolist()
     # the k-th largest logit of every row that needs one, from a single partition
@@ -353,7 +359,7 @@ def _draw(logits: np.ndarray, ints: np.ndarray, reals: np.ndarray) -> np.ndarray
             kth[i] = value
     chosen = np.empty(len(logits), dtype=np.int64)
     for i in range(len(logits)):
-        ids, probs = filtered_distribution(logits[i], top_k[i], top_p[i], min_p[i], kth[i])
+        ids, probs = filtered_distribution(logits[i], top_k[i], top_p[i], min_p[i], kth[i], tops[i])
         if not len(ids):
             chosen[i] = int(np.argmax(logits[i]))   # no distribution: greedy (module docstring)
             continue
