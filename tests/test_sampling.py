@@ -302,3 +302,25 @@ def test_batched_penalties_equal_the_per_row_reference():
     processed = logits.copy()
     apply_logit_edits(processed, build_batch(seqs, vocab, list(eos), [0.0] * len(seqs)))
     assert np.array_equal(processed, expected)
+
+
+def test_batched_top_k_draws_are_the_per_row_draws_bit_for_bit():
+    """engine/batched_top_k.py against the per-row path it replaces (filtered_distribution, then
+    the uniform inverted over the cumulative sum), on rows with and without ties at the k-th logit."""
+    from ember_cupy.engine.batched_top_k import draw_top_k
+    from ember_cupy.engine.sampler import filtered_distribution, kth_largest_numpy
+    rows = np.stack(_random_rows(6000, 3) * 6)                                 # 48 rows
+    rng = np.random.default_rng(11)
+    combos = [(k, p) for k in (1, 5, 40, 300) for p in (1.0, 0.95, 0.5)]
+    top_k = [combos[i % len(combos)][0] for i in range(len(rows))]
+    top_p = [combos[i % len(combos)][1] for i in range(len(rows))]
+    min_p = [0.2 if i % 11 == 0 else 0.0 for i in range(len(rows))]
+    kth = list(kth_largest_numpy(rows, top_k))
+    tops, uniforms = rows.max(axis=-1), rng.random(len(rows))
+    batched = draw_top_k(rows, top_k, top_p, min_p, kth, tops, uniforms)
+    assert 20 <= len(batched) < len(rows)           # tied and min_p rows are left to the per-row path
+    for r, token in batched.items():
+        ids, probs = filtered_distribution(rows[r], top_k[r], top_p[r], min_p[r], kth[r], tops[r])
+        cumulative = np.cumsum(probs)
+        pick = np.searchsorted(cumulative, uniforms[r] * cumulative[-1], side="right")
+        assert token == ids[min(int(pick), len(ids) - 1)], r

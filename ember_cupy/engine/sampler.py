@@ -55,6 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ember_cupy.engine import device_sampler
+from ember_cupy.engine.batched_top_k import draw_top_k
 from ember_cupy.engine.sampling_batch import (
     BANNED, BIAS, FREQUENCY, MIN_P, PRESENCE, REPEATED, REPETITION, TEMPERATURE, TOP_P, UNIFORM, SamplingBatch,
     build_batch)
@@ -342,7 +343,7 @@ def _argmax_ignoring_nan(rows: np.ndarray) -> np.ndarray:
 def _draw(rows: np.ndarray, ints: np.ndarray, reals: np.ndarray) -> np.ndarray:
     """Random rows (read only): temperature, the filters, each row's uniform inverted over its
     kept tokens' CDF. Three passes over the batch: the division (into a new array), the row
-    maxima (NaN there means a NaN in the row: only such rows are scrubbed), the k-th largest."""
+    maxima (NaN there means a NaN in the row: only such rows are scrubbed), the k-th largests."""
     logits = rows / reals[:, TEMPERATURE].astype(np.float32)[:, None]
     tops = logits.max(axis=-1)
     for i in np.flatnonzero(np.isnan(tops)):
@@ -355,10 +356,15 @@ def _draw(rows: np.ndarray, ints: np.ndarray, reals: np.ndarray) -> np.ndarray:
     need = [i for i, k in enumerate(wanted) if 0 < k < vocab]
     kth: list[float | None] = [None] * len(logits)
     if need:
-        for i, value in zip(need, kth_largest(logits[need], [wanted[i] for i in need])):
+        subset = logits if len(need) == len(logits) else logits[need]   # no copy when all need one
+        for i, value in zip(need, kth_largest(subset, [wanted[i] for i in need])):
             kth[i] = value
     chosen = np.empty(len(logits), dtype=np.int64)
+    batched = draw_top_k(logits, top_k, top_p, min_p, kth, tops, reals[:, UNIFORM])
     for i in range(len(logits)):
+        if i in batched:
+            chosen[i] = batched[i]
+            continue
         ids, probs = filtered_distribution(logits[i], top_k[i], top_p[i], min_p[i], kth[i], tops[i])
         if not len(ids):
             chosen[i] = int(np.argmax(logits[i]))   # no distribution: greedy (module docstring)
