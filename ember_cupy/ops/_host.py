@@ -25,16 +25,17 @@ from ember_cupy.ops._sources import kernel_source_dir
 
 logger = logging.getLogger("ember_cupy.host")
 
+_AVX512_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c")
+_AVX512_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"}
 ISA_FLAGS = {
-    "avx512amx": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c",
-                  "-mamx-tile", "-mamx-int8"),
-    "avx512vnni": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c"),
+    "avx512amx": (*_AVX512_FLAGS, "-mamx-tile", "-mamx-int8"),
+    "avx512vnni": _AVX512_FLAGS,
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
     "portable": (),
 }
 ISA_CPU_FLAGS = {
-    "avx512amx": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c", "amx_tile", "amx_int8"},
-    "avx512vnni": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"},
+    "avx512amx": _AVX512_CPU_FLAGS | {"amx_tile", "amx_int8"},
+    "avx512vnni": _AVX512_CPU_FLAGS,
     "avx2": {"avx2", "fma", "f16c"},
     "portable": set(),
 }
