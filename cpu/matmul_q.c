@@ -407,6 +407,12 @@ static void store_tile(float out[][ROWS], int R, int32_t passes, int64_t n0, int
         for (int64_t n = 0; n < count; n++) y[(r / 2) * ldy + n0 + n] = out[r][n] + out[r + 1][n];
 }
 
+/* The rows left after the full tiles of MR, one instantiation per count (R a constant). */
+#define TAIL_TILES(left, TILE_OF) do { switch (left) { \
+        case 7: TILE_OF(7); break; case 6: TILE_OF(6); break; case 5: TILE_OF(5); break; \
+        case 4: TILE_OF(4); break; case 3: TILE_OF(3); break; case 2: TILE_OF(2); break; \
+        case 1: TILE_OF(1); break; default: break; } } while (0)
+
 /* Groups [g0, g1) of 8 weight rows against rows [m0, m1) of x; in pairs where the ISA has them. */
 static void groups_against_x(const uint8_t *w, int32_t wtype, int64_t nb, const int8_t *xq,
                              int64_t K, const float *xd, const float *xs, const int32_t *xsum,
@@ -425,16 +431,7 @@ static void groups_against_x(const uint8_t *w, int32_t wtype, int64_t nb, const 
                      store_tile(out, R, passes, g * ROWS, N, y + (m / passes) * ldy, ldy); \
                      store_tile(out_b, R, passes, (g + 1) * ROWS, N, y + (m / passes) * ldy, ldy); } while (0)
         for (; m + MR <= m1; m += MR) PAIR(MR);
-        switch (m1 - m) {
-            case 7: PAIR(7); break;
-            case 6: PAIR(6); break;
-            case 5: PAIR(5); break;
-            case 4: PAIR(4); break;
-            case 3: PAIR(3); break;
-            case 2: PAIR(2); break;
-            case 1: PAIR(1); break;
-            default: break;
-        }
+        TAIL_TILES(m1 - m, PAIR);
 #undef PAIR
     }
 #else
@@ -446,16 +443,7 @@ static void groups_against_x(const uint8_t *w, int32_t wtype, int64_t nb, const 
 #define TILE(R) do { group_tile(gw, wtype, nb, xq + m * K, K, xd + m * nb, xs + m * nb, R, out); \
                      store_tile(out, R, passes, g * ROWS, N, y + (m / passes) * ldy, ldy); } while (0)
         for (; m + MR <= m1; m += MR) TILE(MR);
-        switch (m1 - m) {
-            case 7: TILE(7); break;
-            case 6: TILE(6); break;
-            case 5: TILE(5); break;
-            case 4: TILE(4); break;
-            case 3: TILE(3); break;
-            case 2: TILE(2); break;
-            case 1: TILE(1); break;
-            default: break;
-        }
+        TAIL_TILES(m1 - m, TILE);
 #undef TILE
     }
 }
