@@ -230,31 +230,40 @@ static inline __m512i bcast4x16(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
+/* Chunk c of a Q4_1 block pair as its low (k = 8c..8c+3) and high (k = 8c+4..8c+7) nibbles. */
+static inline void unpack_q4_chunk(const uint8_t *ra, const uint8_t *rc, int c, __m512i *lo, __m512i *hi) {
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    const __m512i v = load_pair(ra + 32 + 32 * c, rc + 32 + 32 * c);
+    *lo = _mm512_and_si512(v, low);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+}
+
+/* Lanes 0-7 of each accumulator are the first group's rows, lanes 8-15 the second's. */
+static inline void store_pair_rows(const __m512 *acc, int R, float out_a[][ROWS], float out_b[][ROWS]) {
+    for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(out_a[r], _mm512_castps512_ps256(acc[r]));
+        _mm256_storeu_ps(out_b[r], _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r]), 1)));
+    }
+}
+
 static inline __attribute__((always_inline)) void group_pair_tile(
         const uint8_t *ga, const uint8_t *gb, int32_t wtype, int64_t nb, const int8_t *xq, int64_t K,
         const float *xd, const float *xs, const int32_t *xsum, const int R,
-        float out_a[MR][ROWS], float out_b[MR][ROWS]) {
+        float out_a[][ROWS], float out_b[][ROWS]) {
     const int64_t rb = RECORD_BYTES[wtype];
     __m512 acc[MR];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *ra = ga + b * rb, *rc = gb + b * rb;
-        _mm_prefetch((const char *)(ra + PREFETCH_BYTES), _MM_HINT_T0);
-        _mm_prefetch((const char *)(ra + PREFETCH_BYTES + 64), _MM_HINT_T0);
-        _mm_prefetch((const char *)(ra + PREFETCH_BYTES + 128), _MM_HINT_T0);
-        _mm_prefetch((const char *)(rc + PREFETCH_BYTES), _MM_HINT_T0);
-        _mm_prefetch((const char *)(rc + PREFETCH_BYTES + 64), _MM_HINT_T0);
-        _mm_prefetch((const char *)(rc + PREFETCH_BYTES + 128), _MM_HINT_T0);
+        for (int line = 0; line < 3; line++) {
+            _mm_prefetch((const char *)(ra + PREFETCH_BYTES + 64 * line), _MM_HINT_T0);
+            _mm_prefetch((const char *)(rc + PREFETCH_BYTES + 64 * line), _MM_HINT_T0);
+        }
         const __m512 dw = load_f16x16(ra, rc);
         if (wtype == WTYPE_Q4_1) {
             const __m512 mw = load_f16x16(ra + 16, rc + 16);
-            const __m512i low = _mm512_set1_epi8(0x0f);
             __m512i lo[4], hi[4];
-            for (int c = 0; c < 4; c++) {
-                const __m512i v = load_pair(ra + 32 + 32 * c, rc + 32 + 32 * c);
-                lo[c] = _mm512_and_si512(v, low);
-                hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-            }
+            for (int c = 0; c < 4; c++) unpack_q4_chunk(ra, rc, c, &lo[c], &hi[c]);
             for (int r = 0; r < R; r++) {
                 if (xd[r * nb + b] == 0.0f) continue;
                 const int8_t *xb = xq + r * K + b * QK;
@@ -282,10 +291,7 @@ static inline __attribute__((always_inline)) void group_pair_tile(
             }
         }
     }
-    for (int r = 0; r < R; r++) {
-        _mm256_storeu_ps(out_a[r], _mm512_castps512_ps256(acc[r]));
-        _mm256_storeu_ps(out_b[r], _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r]), 1)));
-    }
+    store_pair_rows(acc, R, out_a, out_b);
 }
 #endif
 
@@ -338,16 +344,11 @@ static void configure_tiles(void) {           /* per thread: the tile shapes sta
  * are k4 = 2c, its high nibbles k4 = 2c + 1), Q8_0's chunks as they are. */
 static void pair_b_tiles(const uint8_t *ga, const uint8_t *gb, int32_t wtype, int64_t nb, uint8_t *tiles) {
     const int64_t rb = RECORD_BYTES[wtype];
-    const __m512i low = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *ra = ga + b * rb, *rc = gb + b * rb;
         __m512i *tile = (__m512i *)(tiles + b * 512);
         if (wtype == WTYPE_Q4_1) {
-            for (int c = 0; c < 4; c++) {
-                const __m512i v = load_pair(ra + 32 + 32 * c, rc + 32 + 32 * c);
-                _mm512_store_si512(tile + 2 * c, _mm512_and_si512(v, low));
-                _mm512_store_si512(tile + 2 * c + 1, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
-            }
+            for (int c = 0; c < 4; c++) unpack_q4_chunk(ra, rc, c, tile + 2 * c, tile + 2 * c + 1);
         } else {
             for (int j = 0; j < 8; j++) _mm512_store_si512(tile + j, load_pair(ra + 16 + 32 * j, rc + 16 + 32 * j));
         }
@@ -387,10 +388,7 @@ static void pair_tile_amx(const uint8_t *ga, const uint8_t *gb, int32_t wtype, i
             if (wtype == WTYPE_Q4_1) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[r * nb + b]), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) {
-        _mm256_storeu_ps(out_a[r], _mm512_castps512_ps256(acc[r]));
-        _mm256_storeu_ps(out_b[r], _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r]), 1)));
-    }
+    store_pair_rows(acc, R, out_a, out_b);
 }
 #else
 EMBER_EXPORT int ember_amx_ready(void) { return 0; }
@@ -453,8 +451,6 @@ struct matmul_job {
     const int8_t *xq; const float *xd, *xs; const int32_t *xsum; float *y;
 };
 
-/* A thread's tasks (GROUPS_PER_TASK weight groups each) against every chunk of x in turn: the
- * chunk's int8 rows stay in L1 while its groups pass over them, its weight slice stays in L2. */
 #if defined(AMX_TILES)
 /* Groups [g0, g1) against every row of x, a pair's tiles B built once for all its tiles A. */
 static int groups_amx(const struct matmul_job *j, int64_t g0, int64_t g1) {
@@ -484,17 +480,19 @@ static int groups_amx(const struct matmul_job *j, int64_t g0, int64_t g1) {
 }
 #endif
 
+/* A thread's tasks (GROUPS_PER_TASK weight groups each) against every chunk of x in turn: the
+ * chunk's int8 rows stay in L1 while its groups pass over them, its weight slice stays in L2. */
 static void matmul_tasks(void *ctx, int64_t begin, int64_t end) {
     const struct matmul_job *j = ctx;
+    const int64_t g0 = begin * GROUPS_PER_TASK;
+    const int64_t g1 = end * GROUPS_PER_TASK < j->groups ? end * GROUPS_PER_TASK : j->groups;
 #if defined(AMX_TILES)
-    if (j->amx && groups_amx(j, begin * GROUPS_PER_TASK,
-                             end * GROUPS_PER_TASK < j->groups ? end * GROUPS_PER_TASK : j->groups)) return;
+    if (j->amx && groups_amx(j, g0, g1)) return;
 #endif
     for (int64_t m0 = 0; m0 < j->rows; m0 += j->chunk) {
         const int64_t m1 = m0 + j->chunk < j->rows ? m0 + j->chunk : j->rows;
-        const int64_t g1 = end * GROUPS_PER_TASK < j->groups ? end * GROUPS_PER_TASK : j->groups;
         groups_against_x(j->w, j->wtype, j->nb, j->xq, j->K, j->xd, j->xs, j->xsum, j->passes, m0, m1,
-                         begin * GROUPS_PER_TASK, g1, j->N, j->y, j->ldy);
+                         g0, g1, j->N, j->y, j->ldy);
     }
 }
 
