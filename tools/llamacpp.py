@@ -19,6 +19,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from ember_cupy.ops._host import cpu_flags
+
 CACHE = Path(os.environ.get("EMBER_BENCH_CACHE", Path.home() / ".cache/ember-cupy")) / "llama.cpp"
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
                "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
@@ -31,16 +33,8 @@ CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=O
 NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
-def _cpu_has_amx() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return any(line.startswith("flags") and " amx_tile" in line for line in f)
-    except OSError:
-        return False
-
-
 def cmake_flags() -> list[str]:
-    if not _cpu_has_amx():
+    if "amx_tile" not in cpu_flags():
         return CMAKE_FLAGS
     return [*CMAKE_FLAGS, f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}"]
 
