@@ -1,9 +1,19 @@
-/* One Llama decoder layer as a single call, composed from the other host kernels (the NumPy
- * twin is LlamaModel's op-by-op forward, ember_cupy/model/llama.py). At one token per step a
- * layer is ten small kernels; calling each from Python cost more than computing it.
- *   x = rmsnorm(hidden) (first layer) | fused_add_rmsnorm(hidden, residual)
- *   qkv = x @ Wqkv (+ bias); rope(q, k); write k, v into the pages; a = attention(q)
- *   h = a @ Wo; x = fused_add_rmsnorm(h, residual); hidden = silu_mul(x @ Wgate_up) @ Wdown
+/* One Llama-family decoder layer (Llama, Mistral, Qwen2, Qwen3, Gemma 3) as a single call,
+ * composed from the other host kernels (the NumPy twin is LlamaModel's op-by-op forward,
+ * ember_cupy/model/llama.py). At one token per step a layer is a dozen small kernels; calling
+ * each from Python cost more than computing it.
+ *
+ *   attention(x) = attend(rope(qk_norm(x @ Wqkv + bias))) @ Wo   with the layer's window and RoPE
+ *                  table; qk_norm (Qwen3, Gemma 3): RMSNorm of each q and k head, when given
+ *   mlp(x)       = act(x @ Wgate, x @ Wup) @ Wdown                 act: SiLU*up or GELU-tanh*up
+ *
+ * Two ways of adding the blocks to the residual stream:
+ *   Llama (no post norms): the stream is threaded apart, so that each add fuses with the next norm
+ *     x = rmsnorm(hidden) (first layer) | fused_add_rmsnorm(hidden, residual)
+ *     hidden = attention(x); x = fused_add_rmsnorm(hidden, residual); hidden = mlp(x)
+ *   sandwich (Gemma 3: post_attn_norm, post_ffn_norm): hidden is the stream itself
+ *     hidden += rmsnorm(attention(rmsnorm(hidden, attn_norm)), post_attn_norm)
+ *     hidden += rmsnorm(mlp(rmsnorm(hidden, ffn_norm)), post_ffn_norm)
  */
 #include "common.h"
 
@@ -16,21 +26,29 @@ void ember_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int
 void ember_fused_add_rms_norm(float *x, int64_t ldx, float *residual, int64_t ldr, const float *w,
                               int64_t rows, int64_t hidden, float eps);
 void ember_silu_and_mul(const float *gate_up, int64_t ldg, float *out, int64_t ldo, int64_t rows, int64_t inter);
+void ember_gelu_tanh_and_mul(const float *gate_up, int64_t ldg, float *out, int64_t ldo, int64_t rows,
+                             int64_t inter);
 void ember_rope(float *q, int64_t qs0, int64_t qs1, int32_t hq, float *k, int64_t ks0, int64_t ks1, int32_t hk,
                 int32_t dim, const int32_t *positions, const float *cos_sin, int32_t neox, int64_t tokens);
-int ember_paged_attention(float *out, const float *q, int64_t q_stride_t, int64_t q_stride_h,
-                          const void *k_cache, const void *v_cache, int32_t cache_f16, int64_t num_blocks,
-                          int32_t block_size, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
-                          const int32_t *block_tables, int64_t table_stride, int32_t max_blocks,
-                          const int32_t *context_lens, const int32_t *query_start_loc, int32_t num_seqs,
-                          float scale);
+int ember_paged_attention_window(float *out, const float *q, int64_t q_stride_t, int64_t q_stride_h,
+                                 const void *k_cache, const void *v_cache, int32_t cache_f16, int64_t num_blocks,
+                                 int32_t block_size, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
+                                 const int32_t *block_tables, int64_t table_stride, int32_t max_blocks,
+                                 const int32_t *context_lens, const int32_t *query_start_loc, int32_t num_seqs,
+                                 float scale, int32_t window);
 
 typedef struct {              /* fixed per layer (ember_cupy/ops/layer.py: LayerWeightsArgs) */
     const float *attn_norm, *ffn_norm, *qkv_bias;   /* qkv_bias may be NULL */
     const uint8_t *qkv, *o, *gate_up, *down;        /* packed weights (cpu/matmul_q.c) */
     int32_t qkv_type, o_type, gate_up_type, down_type;
     void *k_cache, *v_cache;                        /* [blocks, block_size, kv_heads, head_dim] */
+    /* the other families' features; NULL / 0 is Llama's */
+    const float *q_norm, *k_norm;                   /* [head_dim] each: qk_norm (Qwen3, Gemma 3) */
+    const float *post_attn_norm, *post_ffn_norm;    /* [hidden] each: sandwich norms (Gemma 3) */
+    int32_t window;                                 /* keys a query sees, itself included; 0 = all */
 } LayerWeights;
+
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
 
 typedef struct {              /* per step (ember_cupy/ops/layer.py: StepArgs) */
     int64_t tokens, hidden, inter;
@@ -39,7 +57,15 @@ typedef struct {              /* per step (ember_cupy/ops/layer.py: StepArgs) */
     float eps, scale, second_pass_threshold;
     const int32_t *positions, *slot_mapping, *block_tables, *context_lens, *query_start_loc;
     const float *cos_sin;
+    const float *local_cos_sin;   /* RoPE table of the windowed layers (Gemma 3's own base); NULL: cos_sin */
+    int32_t activation;           /* ACT_SILU | ACT_GELU_TANH */
 } StepArgs;
+
+/* Statuses besides a kernel's own: matmul 10 + its code, attention 20 + its code. */
+enum { LAYER_OK = 0, LAYER_NO_MEMORY = 2, LAYER_ATTENTION = 20, LAYER_BAD_SLOT = 30, LAYER_BAD_NORMS = 31,
+       LAYER_BAD_ACTIVATION = 32, LAYER_NO_RESIDUAL = 33 };
+
+typedef struct { float *x, *qkv, *attn, *gate_up, *act; } Scratch;   /* [T, *] each */
 
 static void write_kv(const StepArgs *s, const LayerWeights *w, const float *qkv, int64_t ld, int64_t q_size) {
     const int64_t row = (int64_t)s->kv_heads * s->head_dim, kv_size = row;
@@ -63,49 +89,131 @@ static int matmul(const StepArgs *s, const float *x, int64_t K, const uint8_t *w
     return status ? 10 + status : 0;
 }
 
-/* hidden [T, H] in/out; residual [T, H] in/out (written from hidden when first != 0).
- * Returns 0, or the first failing kernel's status (matmul: 10 + its code; attention: 20 + code). */
-EMBER_EXPORT int ember_llama_layer(const LayerWeights *w, const StepArgs *s, float *hidden, float *residual,
-                                   int32_t first) {
-    const int64_t T = s->tokens, H = s->hidden, I = s->inter, D = s->head_dim;
-    const int64_t q_size = (int64_t)s->heads * D, kv_size = (int64_t)s->kv_heads * D, qkv_size = q_size + 2 * kv_size;
-    if (T == 0) return 0;
-    for (int64_t t = 0; t < T; t++) {                 /* every new K/V row lands inside the pool */
-        if (s->slot_mapping[t] >= s->num_blocks * s->block_size) return 30;
+/* What the kernels below do not check themselves: every new K/V row lands inside the pool, the
+ * optional norms come in pairs, the activation is known. */
+static int check_args(const LayerWeights *w, const StepArgs *s) {
+    for (int64_t t = 0; t < s->tokens; t++)
+        if (s->slot_mapping[t] >= s->num_blocks * s->block_size) return LAYER_BAD_SLOT;
+    if (!w->q_norm != !w->k_norm || !w->post_attn_norm != !w->post_ffn_norm) return LAYER_BAD_NORMS;
+    if (s->activation != ACT_SILU && s->activation != ACT_GELU_TANH) return LAYER_BAD_ACTIVATION;
+    return LAYER_OK;
+}
+
+static void scratch_free(Scratch *b) {
+    free(b->x); free(b->qkv); free(b->attn); free(b->gate_up); free(b->act);
+}
+
+static int scratch_alloc(Scratch *b, const StepArgs *s) {
+    const int64_t T = s->tokens, q_size = (int64_t)s->heads * s->head_dim;
+    const int64_t qkv_size = q_size + 2 * (int64_t)s->kv_heads * s->head_dim;
+    b->x = malloc(sizeof(float) * (size_t)(T * s->hidden));
+    b->qkv = malloc(sizeof(float) * (size_t)(T * qkv_size));
+    b->attn = malloc(sizeof(float) * (size_t)(T * q_size));
+    b->gate_up = malloc(sizeof(float) * (size_t)(T * 2 * s->inter));
+    b->act = malloc(sizeof(float) * (size_t)(T * s->inter));
+    if (b->x && b->qkv && b->attn && b->gate_up && b->act) return LAYER_OK;
+    scratch_free(b);
+    return LAYER_NO_MEMORY;
+}
+
+static void add_bias(float *rows, int64_t tokens, int64_t width, const float *bias) {
+    for (int64_t t = 0; t < tokens; t++)
+        for (int64_t i = 0; i < width; i++) rows[t * width + i] += bias[i];
+}
+
+/* In place: RMSNorm of each of `heads` heads of head_dim floats, from `first` in every row of ld floats. */
+static void norm_heads(const StepArgs *s, float *first, int64_t ld, int32_t heads, const float *weight) {
+    const int64_t D = s->head_dim;
+    for (int32_t h = 0; h < heads; h++) ember_rms_norm(first + h * D, ld, weight, first + h * D, ld, s->tokens, D, s->eps);
+}
+
+/* Windowed layers rotate by their own table (Gemma 3's local RoPE base), as LlamaModel._attention does. */
+static const float *layer_cos_sin(const LayerWeights *w, const StepArgs *s) {
+    return w->window && s->local_cos_sin ? s->local_cos_sin : s->cos_sin;
+}
+
+/* out [T, H] = attention(x [T, H]); out may be x (x is read first). */
+static int attention_block(const LayerWeights *w, const StepArgs *s, const float *x, float *out, Scratch *b) {
+    const int64_t T = s->tokens, H = s->hidden, D = s->head_dim;
+    const int64_t q_size = (int64_t)s->heads * D, qkv_size = q_size + 2 * (int64_t)s->kv_heads * D;
+    int status = matmul(s, x, H, w->qkv, w->qkv_type, qkv_size, b->qkv);
+    if (status) return status;
+    if (w->qkv_bias) add_bias(b->qkv, T, qkv_size, w->qkv_bias);
+    if (w->q_norm) {
+        norm_heads(s, b->qkv, qkv_size, s->heads, w->q_norm);
+        norm_heads(s, b->qkv + q_size, qkv_size, s->kv_heads, w->k_norm);
     }
-    float *x = malloc(sizeof(float) * (size_t)(T * H));
-    float *qkv = malloc(sizeof(float) * (size_t)(T * qkv_size));
-    float *attn = malloc(sizeof(float) * (size_t)(T * q_size));
-    float *gate_up = malloc(sizeof(float) * (size_t)(T * 2 * I));
-    float *act = malloc(sizeof(float) * (size_t)(T * I));
-    int status = 0;
-    if (!x || !qkv || !attn || !gate_up || !act) { status = 2; goto done; }
+    ember_rope(b->qkv, qkv_size, D, s->heads, b->qkv + q_size, qkv_size, D, s->kv_heads, (int32_t)D,
+               s->positions, layer_cos_sin(w, s), s->neox, T);
+    write_kv(s, w, b->qkv, qkv_size, q_size);
+    status = ember_paged_attention_window(b->attn, b->qkv, qkv_size, D, w->k_cache, w->v_cache, s->cache_f16,
+                                          s->num_blocks, s->block_size, s->heads, s->kv_heads, (int32_t)D,
+                                          s->block_tables, s->table_stride, s->max_blocks, s->context_lens,
+                                          s->query_start_loc, s->num_seqs, s->scale, w->window);
+    if (status) return LAYER_ATTENTION + status;
+    return matmul(s, b->attn, q_size, w->o, w->o_type, H, out);
+}
+
+/* out [T, H] = mlp(x [T, H]); out may be x (x is read first). */
+static int mlp_block(const LayerWeights *w, const StepArgs *s, const float *x, float *out, Scratch *b) {
+    const int64_t T = s->tokens, H = s->hidden, I = s->inter;
+    const int status = matmul(s, x, H, w->gate_up, w->gate_up_type, 2 * I, b->gate_up);
+    if (status) return status;
+    if (s->activation == ACT_GELU_TANH) ember_gelu_tanh_and_mul(b->gate_up, 2 * I, b->act, I, T, I);
+    else ember_silu_and_mul(b->gate_up, 2 * I, b->act, I, T, I);
+    return matmul(s, b->act, I, w->down, w->down_type, H, out);
+}
+
+typedef int (*Block)(const LayerWeights *, const StepArgs *, const float *, float *, Scratch *);
+
+/* Llama: hidden, residual as in the header; the block's input normed in place in hidden. */
+static int residual_stream_layer(const LayerWeights *w, const StepArgs *s, float *hidden, float *residual,
+                                 int32_t first, Scratch *b) {
+    const int64_t T = s->tokens, H = s->hidden;
     if (first) {
         memcpy(residual, hidden, sizeof(float) * (size_t)(T * H));
-        ember_rms_norm(hidden, H, w->attn_norm, x, H, T, H, s->eps);
+        ember_rms_norm(hidden, H, w->attn_norm, hidden, H, T, H, s->eps);
     } else {
         ember_fused_add_rms_norm(hidden, H, residual, H, w->attn_norm, T, H, s->eps);
-        memcpy(x, hidden, sizeof(float) * (size_t)(T * H));
     }
-    if ((status = matmul(s, x, H, w->qkv, w->qkv_type, qkv_size, qkv))) goto done;
-    if (w->qkv_bias)
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t i = 0; i < qkv_size; i++) qkv[t * qkv_size + i] += w->qkv_bias[i];
-    ember_rope(qkv, qkv_size, D, s->heads, qkv + q_size, qkv_size, D, s->kv_heads, (int32_t)D,
-               s->positions, s->cos_sin, s->neox, T);
-    write_kv(s, w, qkv, qkv_size, q_size);
-    if ((status = ember_paged_attention(attn, qkv, qkv_size, D, w->k_cache, w->v_cache, s->cache_f16,
-                                        s->num_blocks, s->block_size, s->heads, s->kv_heads, (int32_t)D,
-                                        s->block_tables, s->table_stride, s->max_blocks, s->context_lens,
-                                        s->query_start_loc, s->num_seqs, s->scale))) {
-        status += 20; goto done;
-    }
-    if ((status = matmul(s, attn, q_size, w->o, w->o_type, H, hidden))) goto done;
+    const int status = attention_block(w, s, hidden, hidden, b);
+    if (status) return status;
     ember_fused_add_rms_norm(hidden, H, residual, H, w->ffn_norm, T, H, s->eps);
-    if ((status = matmul(s, hidden, H, w->gate_up, w->gate_up_type, 2 * I, gate_up))) goto done;
-    ember_silu_and_mul(gate_up, 2 * I, act, I, T, I);
-    status = matmul(s, act, I, w->down, w->down_type, H, hidden);
-done:
-    free(x); free(qkv); free(attn); free(gate_up); free(act);
+    return mlp_block(w, s, hidden, hidden, b);
+}
+
+/* Sandwich: hidden += rmsnorm(block(rmsnorm(hidden, pre)), post). */
+static int sandwiched(Block block, const float *pre, const float *post, const LayerWeights *w,
+                      const StepArgs *s, float *hidden, Scratch *b) {
+    const int64_t T = s->tokens, H = s->hidden;
+    ember_rms_norm(hidden, H, pre, b->x, H, T, H, s->eps);
+    const int status = block(w, s, b->x, b->x, b);
+    if (status) return status;
+    ember_rms_norm(b->x, H, post, b->x, H, T, H, s->eps);
+    for (int64_t i = 0; i < T * H; i++) hidden[i] += b->x[i];
+    return LAYER_OK;
+}
+
+static int sandwich_layer(const LayerWeights *w, const StepArgs *s, float *hidden, Scratch *b) {
+    const int status = sandwiched(attention_block, w->attn_norm, w->post_attn_norm, w, s, hidden, b);
+    return status ? status : sandwiched(mlp_block, w->ffn_norm, w->post_ffn_norm, w, s, hidden, b);
+}
+
+/* hidden [T, H] in/out. Llama layout: residual [T, H] in/out (written from hidden when first != 0).
+ * Sandwich layout (post norms given): residual and first unused (residual may be NULL).
+ * Returns 0, or 2 out of memory, 10 + a matmul's status, 20 + the attention's, 30 a slot outside
+ * the pool, 31 a norm given without its pair, 32 an unknown activation, 33 the Llama layout
+ * without a residual. */
+EMBER_EXPORT int ember_llama_layer(const LayerWeights *w, const StepArgs *s, float *hidden, float *residual,
+                                   int32_t first) {
+    if (s->tokens == 0) return LAYER_OK;
+    int status = check_args(w, s);
+    if (status) return status;
+    if (!w->post_attn_norm && !residual) return LAYER_NO_RESIDUAL;
+    Scratch b;
+    if ((status = scratch_alloc(&b, s))) return status;
+    status = w->post_attn_norm ? sandwich_layer(w, s, hidden, &b)
+                               : residual_stream_layer(w, s, hidden, residual, first, &b);
+    scratch_free(&b);
     return status;
 }

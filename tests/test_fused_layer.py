@@ -1,27 +1,134 @@
 """The fused decoder layer (cpu/layer.c, one host-kernel call per layer) equals its twin, the
-model's op-by-op forward, on the real model: prefill chunks, decodes and preemption-free batches."""
+model's op-by-op forward: prefill chunks, decodes and mixed batches, both KV cache dtypes, on the
+default model (Llama), on Gemma 3 270M (sandwich norms, qk_norm, GELU-tanh, 512-key windows with
+their own RoPE base, a prompt past the window) and on tiny models of every family; bad arguments
+get a status, not a crash."""
+import json
+import os
+
 import numpy as np
 import pytest
 
-from ember_cupy import SamplingParams
+from ember_cupy import LLM, SamplingParams
+from ember_cupy.model.loader import load_checkpoint
 from ember_cupy.ops import _host
+from ember_cupy.ops.layer import LayerWeightsArgs, StepArgs, llama_layer
+from gemma3_model import gemma3_gguf_path
+from tiny_gguf import write_tiny_gguf
+from tiny_model import GEMMA3, assert_greedy_matches_reference, write_tiny_checkpoint
+
+pytestmark = pytest.mark.skipif(_host.active() is None, reason="host kernels unavailable (no C compiler)")
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a land far away,",
            "1, 2, 3, 4, 5,"]
+PARAMS = SamplingParams(temperature=0, max_tokens=8, logprobs=5, prompt_logprobs=5, ignore_eos=True)
 
 
-@pytest.mark.skipif(_host.active() is None, reason="host kernels unavailable (no C compiler)")
+def _generate(llm, prompts, fused: bool):
+    model = llm.engine.runner.model
+    model.fuse_layers = fused
+    outputs = llm.generate(prompts, PARAMS)
+    assert (model._fused is not None) == fused   # the path asked for is the path taken
+    return outputs
+
+
+def _assert_same_tokens_and_logprobs(fused_outputs, op_by_op_outputs, atol: float) -> None:
+    for a, b in zip(fused_outputs, op_by_op_outputs, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for x, y in zip(a.outputs[0].logprobs + a.prompt_logprobs[1:], b.outputs[0].logprobs + b.prompt_logprobs[1:],
+                        strict=True):
+            assert [t for t, _ in x.top] == [t for t, _ in y.top]
+            np.testing.assert_allclose([lp for _, lp in x.top], [lp for _, lp in y.top], atol=atol)
+
+
+def _fused_against_op_by_op(make, prompts, atol: float = 1e-5) -> None:
+    _assert_same_tokens_and_logprobs(_generate(make(), prompts, True), _generate(make(), prompts, False), atol)
+
+
 @pytest.mark.parametrize("kv_cache_dtype", ["float16", "float32"])
 def test_fused_layers_give_the_op_by_op_logprobs(make_llm, kv_cache_dtype):
-    params = SamplingParams(temperature=0, max_tokens=8, logprobs=5, prompt_logprobs=5, ignore_eos=True)
-    results = {}
-    for fused in (True, False):
-        llm = make_llm(enable_prefix_caching=False, kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=16)
-        llm.engine.runner.model.fuse_layers = fused
-        outputs = llm.generate(PROMPTS, params)
-        assert (getattr(llm.engine.runner.model, "_fused", None) is not None) == fused
-        results[fused] = outputs
-    for a, b in zip(results[True], results[False]):
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids
-        for x, y in zip(a.outputs[0].logprobs + a.prompt_logprobs[1:], b.outputs[0].logprobs + b.prompt_logprobs[1:]):
-            np.testing.assert_allclose([lp for _, lp in x.top], [lp for _, lp in y.top], atol=1e-5)
+    _fused_against_op_by_op(lambda: make_llm(enable_prefix_caching=False, kv_cache_dtype=kv_cache_dtype,
+                                             max_num_batched_tokens=16), PROMPTS)
+
+
+# ---- Gemma 3 270M ---------------------------------------------------------------------------
+GEMMA3_FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "gemma3_teacher_forced.json")
+
+
+@pytest.fixture(scope="module")
+def gemma3():
+    return load_checkpoint(gemma3_gguf_path())
+
+
+def _longest_fixture_prompt() -> list[int]:
+    prompts = json.load(open(GEMMA3_FIXTURE, encoding="utf-8"))["prompts"]
+    return max((p["input_ids"] for p in prompts), key=len)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["float16", "float32"])
+def test_gemma3_fused_layers_give_the_op_by_op_logprobs(gemma3, kv_cache_dtype):
+    """quantization="q8_0": with "auto" this file's layers fuse q (Q5_0) with v (Q8_0 in half the
+    layers) into a float qkv, which the fused layer does not take."""
+    long_prompt = _longest_fixture_prompt()
+    assert len(long_prompt) > gemma3.config.sliding_window + 100   # decodes and chunks past the window
+    _fused_against_op_by_op(
+        lambda: LLM(gemma3, quantization="q8_0", kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=64,
+                    max_model_len=1024, kv_cache_memory=64 << 20, enable_prefix_caching=False),
+        [long_prompt, *PROMPTS[:2]], atol=1e-4)
+
+
+# ---- tiny models of every family --------------------------------------------------------------
+TINY_GGUF = {   # written as GGUF with Q8_0 matrices, served as stored (quantization auto)
+    "llama": dict(heads=4, kv_heads=2),
+    "qwen2-qkv-bias": dict(arch="Qwen2ForCausalLM", bias=True, heads=4, kv_heads=2),
+    "qwen3-qk-norm": dict(arch="Qwen3ForCausalLM", heads=4, kv_heads=2, head_dim=16),
+    "gemma3-sliding-pattern": dict(arch=GEMMA3, heads=4, kv_heads=1, head_dim=16, layers=4, sliding_window=5,
+                                   extra_config={"sliding_window_pattern": 2}),
+}
+TINY_HF = {     # HF checkpoints quantized to Q8_0: a GGUF of arch llama stores no window
+    "mistral-all-sliding": dict(arch="MistralForCausalLM", heads=4, kv_heads=1, sliding_window=4),
+}
+TINY_PROMPTS = [[3 + (7 * i) % 60 for i in range(11)], [5, 9, 13, 17, 21], [3 + (5 * i) % 61 for i in range(17)]]
+
+
+def _tiny(tmp_path, variant: str):
+    """(checkpoint, quantization, weights, config) of a tiny model of the variant."""
+    options = {**TINY_GGUF, **TINY_HF}[variant]
+    weights = write_tiny_checkpoint(tmp_path / "hf", **options)
+    config = json.load(open(tmp_path / "hf" / "config.json"))
+    if variant in TINY_HF:
+        return load_checkpoint(str(tmp_path / "hf")), "q8_0", weights, config
+    path = write_tiny_gguf(tmp_path / "model.gguf", weights, config, quantize_matrices=True)
+    return load_checkpoint(path), "auto", weights, config
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["float16", "float32"])
+@pytest.mark.parametrize("variant", sorted({**TINY_GGUF, **TINY_HF}))
+def test_tiny_families_fused_give_the_op_by_op_logprobs(tmp_path, variant, kv_cache_dtype):
+    checkpoint, quantization, weights, config = _tiny(tmp_path, variant)
+    make = lambda: LLM(checkpoint, quantization=quantization, kv_cache_dtype=kv_cache_dtype,  # noqa: E731
+                       block_size=4, max_num_batched_tokens=7, enable_prefix_caching=False)
+    _fused_against_op_by_op(make, TINY_PROMPTS)
+    llm = make()
+    assert_greedy_matches_reference(llm, weights, config, tolerance=0.05, max_tokens=4)   # Q8_0 matrices
+    assert llm.engine.runner.model._fused is not None
+
+
+# ---- bad arguments ----------------------------------------------------------------------------
+def test_bad_layer_arguments_return_a_status():
+    """Checked before any array is touched: a norm without its pair (31), an unknown activation
+    (32), the Llama layout without a residual (33), a slot outside the pool (30)."""
+    library = _host.active()
+    slots, floats = np.zeros(1, np.int32), np.zeros((1, 8), np.float32)
+    step = lambda **fields: StepArgs(tokens=1, hidden=8, num_blocks=1, block_size=1,  # noqa: E731
+                                     slot_mapping=slots.ctypes.data, **fields)
+    cases = [(LayerWeightsArgs(q_norm=floats.ctypes.data), step(), floats, 31),
+             (LayerWeightsArgs(post_ffn_norm=floats.ctypes.data), step(), floats, 31),
+             (LayerWeightsArgs(), step(activation=7), floats, 32),
+             (LayerWeightsArgs(), step(), None, 33)]
+    for weights, step_arguments, residual, status in cases:
+        with pytest.raises(RuntimeError, match=f"status {status}$"):
+            llama_layer(library, weights, step_arguments, floats, residual, True)
+    slots[0] = 1
+    with pytest.raises(RuntimeError, match="status 30$"):
+        llama_layer(library, LayerWeightsArgs(), step(), floats, floats, True)

@@ -7,8 +7,11 @@ block tables of the paged cache.
 The families differ by ModelConfig switches: Qwen3 and Gemma 3 normalise each q/k head (qk_norm);
 Gemma 3 also scales the embeddings, normalises the outputs of attention and MLP before adding
 them to the residual (sandwich_norms), gates its MLP with GELU-tanh, and alternates sliding-window
-layers (their own RoPE base) with global ones; Mistral's layers all slide. Plain Llama layers run
-fused in one host call per layer (ops/layer.py); the others op by op.
+layers (their own RoPE base) with global ones; Mistral's layers all slide.
+
+On NumPy with host kernels, each decoder layer of every family runs as one host call
+(ops/layer.py, cpu/layer.c) when all its matrices are packed (quantized) weights; otherwise, or
+with `fuse_layers = False`, the layers run op by op from Python: the fused path's twin.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from ember_cupy.config import ModelConfig
 from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.weights import is_quantized, linear_weight, vocab_matrix
 from ember_cupy.ops import _cuda, _host
-from ember_cupy.ops.layer import layer_args, llama_layer, step_args
+from ember_cupy.ops.layer import fused_layer_computes, layer_args, llama_layer, step_args
 from ember_cupy.ops.linear import embedding, linear, matmul_q
 from ember_cupy.quant import ActivationQuantization
 
@@ -57,13 +60,6 @@ class LayerWeights:
     post_ffn_norm: object | None = None
 
 
-def is_plain_llama(cfg: ModelConfig) -> bool:
-    """A Llama layer as cpu/layer.c computes it: none of the other families' features."""
-    return (not cfg.qk_norm and not cfg.sandwich_norms and cfg.hidden_act == "silu"
-            and cfg.embedding_scale == 1.0 and cfg.attention_scale is None
-            and not any(cfg.layer_window(i) for i in range(cfg.num_layers)))
-
-
 class LlamaModel:
     def __init__(self, checkpoint: Checkpoint, xp=np, dtype=np.float32, quantization: str = "none",
                  consume: bool = False, activations: ActivationQuantization = ActivationQuantization(passes=2)):
@@ -91,7 +87,7 @@ class LlamaModel:
         self.local_cos_sin_cache = self.cos_sin_cache if cfg.rope_local_theta is None else xp.asarray(
             ops.rope_cos_sin_cache(cfg.head_dim, max_positions, cfg.rope_local_theta))
         self.scale = cfg.attention_scale or cfg.head_dim ** -0.5
-        self._fusable = is_plain_llama(cfg)
+        self._fusable = fused_layer_computes(cfg)
 
     @staticmethod
     def _layer(take, weights: dict, index: int, put, quantization: str, xp) -> LayerWeights:
@@ -148,9 +144,7 @@ class LlamaModel:
             hidden = self._attention(x, index, layer, batch, k_cache, v_cache)
             x, residual = ops.fused_add_rms_norm(hidden, residual, layer.ffn_norm, cfg.rms_norm_eps)
             hidden = self._mlp(x, layer)
-        sampled_hidden = (hidden[batch.logits_indices], residual[batch.logits_indices])
-        x, _ = ops.fused_add_rms_norm(*sampled_hidden, self.norm, cfg.rms_norm_eps)
-        return x
+        return self._final_norm(hidden, residual, batch)
 
     def _forward_sandwich(self, hidden, batch: BatchMetadata, kv_caches):
         """Gemma 3: residual += norm(attention(norm(residual))); residual += norm(mlp(norm(residual)))."""
@@ -160,7 +154,16 @@ class LlamaModel:
             hidden = hidden + ops.rms_norm(x, layer.post_attn_norm, eps)
             x = self._mlp(ops.rms_norm(hidden, layer.ffn_norm, eps), layer)
             hidden = hidden + ops.rms_norm(x, layer.post_ffn_norm, eps)
-        return ops.rms_norm(hidden[batch.logits_indices], self.norm, eps)
+        return self._final_norm(hidden, None, batch)
+
+    def _final_norm(self, hidden, residual, batch: BatchMetadata):
+        """The final norm of the logits_indices rows: of hidden + residual, or of hidden where it
+        is the residual stream itself (sandwich norms: residual None)."""
+        rows, eps = batch.logits_indices, self.config.rms_norm_eps
+        if residual is None:
+            return ops.rms_norm(hidden[rows], self.norm, eps)
+        x, _ = ops.fused_add_rms_norm(hidden[rows], residual[rows], self.norm, eps)
+        return x
 
     def _mlp(self, x, layer: LayerWeights):
         gate_up = linear(x, layer.gate_up, self.activations)
@@ -178,7 +181,9 @@ class LlamaModel:
             return None
         key = tuple(id(k) for k, _ in kv_caches)
         if self._fused_key != key:
-            args = [layer_args(layer, k, v) for layer, (k, v) in zip(self.layers, kv_caches)]
+            cfg = self.config
+            args = [layer_args(layer, k, v, cfg.layer_window(i), cfg.sandwich_norms)
+                    for i, (layer, (k, v)) in enumerate(zip(self.layers, kv_caches))]
             self._fused = None if any(a is None for a in args) else (library, args, kv_caches)
             self._fused_key = key
         return self._fused
@@ -187,15 +192,13 @@ class LlamaModel:
         library, args, kv_caches = fused
         cfg = self.config
         hidden = np.ascontiguousarray(hidden, dtype=np.float32)
-        residual = np.empty_like(hidden)
+        residual = None if cfg.sandwich_norms else np.empty_like(hidden)
         step, keep = step_args(cfg, batch, hidden.shape[0], kv_caches[0][0], self.cos_sin_cache,
-                               self.scale, self.activations)
+                               self.local_cos_sin_cache, self.scale, self.activations)
         for index, layer_weights in enumerate(args):
             llama_layer(library, layer_weights, step, hidden, residual, index == 0)
         del keep
-        sampled = (hidden[batch.logits_indices], residual[batch.logits_indices])
-        x, _ = ops.fused_add_rms_norm(*sampled, self.norm, cfg.rms_norm_eps)
-        return x
+        return self._final_norm(hidden, residual, batch)
 
     def logits(self, x):
         """x @ lm_head.T. For 2-24 rows on NumPy, lm_head @ x.T over slices of 1024 vocab rows

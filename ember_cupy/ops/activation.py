@@ -1,5 +1,6 @@
 """SiLU(gate) * up: NumPy twin, host kernel (cpu/elementwise.c) and launch of cuda/activation.cu;
-GELU-tanh(gate) * up (Gemma) in array code that runs on either backend."""
+GELU-tanh(gate) * up (Gemma): host kernel (cpu/elementwise.c) and its twin in array code, which is
+also the device path."""
 from __future__ import annotations
 
 import ctypes
@@ -9,8 +10,9 @@ import numpy as np
 from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops._kernel import array_module, i32, kernel, stride
 
-_host.register_signature("ember_silu_and_mul", [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                                ctypes.c_int64, ctypes.c_int64, ctypes.c_int64])
+_ROWS_ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+_host.register_signature("ember_silu_and_mul", _ROWS_ARGTYPES)
+_host.register_signature("ember_gelu_tanh_and_mul", _ROWS_ARGTYPES)
 
 THREADS = 256
 
@@ -21,12 +23,16 @@ def silu_and_mul(gate_up):
         return _silu_and_mul_kernel(gate_up)
     library = _host.active()
     if library is not None and _host.rows_f32(gate_up):
-        inter = gate_up.shape[1] // 2
-        out = np.empty((gate_up.shape[0], inter), np.float32)
-        library.lib.ember_silu_and_mul(gate_up.ctypes.data, _host.row_stride(gate_up), out.ctypes.data,
-                                       inter, gate_up.shape[0], inter)
-        return out
+        return _gated_host(library.lib.ember_silu_and_mul, gate_up)
     return silu_and_mul_numpy(gate_up)
+
+
+def _gated_host(function, gate_up):
+    """A host kernel of signature (gate_up, ldg, out, ldo, rows, inter) on float32 rows [T, 2I]."""
+    inter = gate_up.shape[1] // 2
+    out = np.empty((gate_up.shape[0], inter), np.float32)
+    function(gate_up.ctypes.data, _host.row_stride(gate_up), out.ctypes.data, inter, gate_up.shape[0], inter)
+    return out
 
 
 def silu_and_mul_numpy(gate_up):
@@ -43,7 +49,16 @@ def silu_and_mul_numpy(gate_up):
 
 def gelu_tanh_and_mul(gate_up):
     """gate_up [T, 2I] (gate first) -> gelu_tanh(gate) * up, [T, I] (PyTorch's
-    gelu(approximate="tanh"), HF's gelu_pytorch_tanh): elementwise xp code, no kernel of its own."""
+    gelu(approximate="tanh"), HF's gelu_pytorch_tanh)."""
+    library = None if _cuda.wants_kernel(gate_up) else _host.active()
+    if library is not None and _host.rows_f32(gate_up):
+        return _gated_host(library.lib.ember_gelu_tanh_and_mul, gate_up)
+    return gelu_tanh_and_mul_numpy(gate_up)
+
+
+def gelu_tanh_and_mul_numpy(gate_up):
+    """The twin of the host kernel, in elementwise array code (also the device path: no CUDA
+    kernel of its own)."""
     xp = array_module(gate_up)
     half = gate_up.shape[-1] // 2
     gate, up = gate_up[:, :half], gate_up[:, half:]
