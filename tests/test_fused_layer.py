@@ -6,6 +6,7 @@ get a status, not a crash."""
 import json
 import os
 
+import gguf
 import numpy as np
 import pytest
 
@@ -109,9 +110,25 @@ def test_tiny_families_fused_give_the_op_by_op_logprobs(tmp_path, variant, kv_ca
     make = lambda: LLM(checkpoint, quantization=quantization, kv_cache_dtype=kv_cache_dtype,  # noqa: E731
                        block_size=4, max_num_batched_tokens=7, enable_prefix_caching=False)
     _fused_against_op_by_op(make, TINY_PROMPTS)
-    llm = make()
-    assert_greedy_matches_reference(llm, weights, config, tolerance=0.05, max_tokens=4)   # Q8_0 matrices
+
+
+@pytest.mark.parametrize("variant", sorted({**TINY_GGUF, **TINY_HF}))
+def test_tiny_families_fused_match_the_dense_reference(tmp_path, variant):
+    """Against the float64 reference with the matrices it serves (Q8_0-rounded): what remains is
+    the activations' int8 quantization, both passes on every block here."""
+    checkpoint, quantization, weights, config = _tiny(tmp_path, variant)
+    llm = LLM(checkpoint, quantization=quantization, kv_cache_dtype="float32", second_pass_threshold=0.0,
+              block_size=4, max_num_batched_tokens=7)
+    assert_greedy_matches_reference(llm, _q8_0_rounded(weights), config, tolerance=1e-3)
     assert llm.engine.runner.model._fused is not None
+
+
+def _q8_0_rounded(weights: dict) -> dict:
+    """Every matrix as its Q8_0 blocks dequantize (how both the GGUF writer and quantization
+    "q8_0" store them: llama.cpp's rounding along the input axis)."""
+    q8_0 = gguf.GGMLQuantizationType.Q8_0
+    return {name: gguf.quants.dequantize(gguf.quants.quantize(w, q8_0), q8_0) if w.ndim == 2 else w
+            for name, w in weights.items()}
 
 
 # ---- bad arguments ----------------------------------------------------------------------------

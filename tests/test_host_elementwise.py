@@ -1,5 +1,5 @@
-"""Host kernels of cpu/elementwise.c (RMSNorm, residual + RMSNorm, SiLU*up, RoPE) against their
-NumPy twins, on every ISA path this CPU can run, through the public ops."""
+"""Host kernels of cpu/elementwise.c (RMSNorm, residual + RMSNorm, SiLU*up, GELU-tanh*up, RoPE)
+against their NumPy twins, on every ISA path this CPU can run, through the public ops."""
 import numpy as np
 import pytest
 
@@ -38,6 +38,21 @@ def test_silu_and_mul_equals_the_twin(host, rows):
     gate_up[0, :4] = [-100.0, 100.0, 0.0, -0.0]
     np.testing.assert_allclose(ops.silu_and_mul(gate_up), activation.silu_and_mul_numpy(gate_up),
                                rtol=3e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 17])
+def test_gelu_tanh_and_mul_equals_the_twin(host, rows):
+    rng = np.random.default_rng(rows)
+    gate_up = (rng.standard_normal((rows, 2 * 1539)) * 4).astype(np.float32)   # odd width: the tail
+    gate_up[0, :8] = [-100.0, 100.0, 0.0, -0.0, -9.0, 9.0, 1e20, -1e20]
+    got = ops.gelu_tanh_and_mul(gate_up)
+    with np.errstate(over="ignore"):                  # the twin's g^3 at 1e20
+        np.testing.assert_allclose(got, activation.gelu_tanh_and_mul_numpy(gate_up), rtol=1e-5, atol=1e-5)
+    gate, up = gate_up[:, :1539].astype(np.float64), gate_up[:, 1539:].astype(np.float64)
+    with np.errstate(over="ignore"):                  # exact in float64 as a sigmoid: no 1 + tanh cancellation
+        exact = gate / (1 + np.exp(-2 * np.sqrt(2 / np.pi) * (gate + 0.044715 * gate ** 3))) * up
+    # the tiny tail of negative gates kept; atol: the vector exp stops at e^88 (gate -100: 6e-37, not 0)
+    np.testing.assert_allclose(got, exact, rtol=2e-5, atol=1e-15)
 
 
 @pytest.mark.parametrize("is_neox", [True, False])

@@ -9,9 +9,9 @@ Gemma 3 also scales the embeddings, normalises the outputs of attention and MLP 
 them to the residual (sandwich_norms), gates its MLP with GELU-tanh, and alternates sliding-window
 layers (their own RoPE base) with global ones; Mistral's layers all slide.
 
-On NumPy with host kernels, each decoder layer of every family runs as one host call
-(ops/layer.py, cpu/layer.c) when all its matrices are packed (quantized) weights; otherwise, or
-with `fuse_layers = False`, the layers run op by op from Python: the fused path's twin.
+On NumPy with host kernels, every family's decoder layers run as one host call each (ops/layer.py,
+cpu/layer.c) when all layers' matrices are packed (quantized) weights; otherwise, or with
+`fuse_layers = False`, they run op by op from Python: the fused path's twin.
 """
 from __future__ import annotations
 
