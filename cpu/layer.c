@@ -6,11 +6,10 @@
  *   h = a @ Wo; x = fused_add_rmsnorm(h, residual); hidden = silu_mul(x @ Wgate_up) @ Wdown
  */
 #include "common.h"
+#include "matmul_q.h"
 
 #include <stdlib.h>
 
-int ember_matmul_q(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int64_t N,
-                   int32_t wtype, float *y, int64_t ldy, int32_t passes, float second_pass_threshold);
 void ember_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int64_t ldo, int64_t rows,
                     int64_t hidden, float eps);
 void ember_fused_add_rms_norm(float *x, int64_t ldx, float *residual, int64_t ldr, const float *w,
@@ -27,8 +26,8 @@ int ember_paged_attention(float *out, const float *q, int64_t q_stride_t, int64_
 
 typedef struct {              /* fixed per layer (ember_cupy/ops/layer.py: LayerWeightsArgs) */
     const float *attn_norm, *ffn_norm, *qkv_bias;   /* qkv_bias may be NULL */
-    const uint8_t *qkv, *o, *gate_up, *down;        /* packed weights (cpu/matmul_q.c) */
-    int32_t qkv_type, o_type, gate_up_type, down_type;
+    const EmberWeightPart *qkv, *o, *gate_up, *down;   /* each its parts' formats (cpu/matmul_q.h) */
+    int32_t qkv_parts, o_parts, gate_up_parts, down_parts;
     void *k_cache, *v_cache;                        /* [blocks, block_size, kv_heads, head_dim] */
 } LayerWeights;
 
@@ -58,8 +57,9 @@ static void write_kv(const StepArgs *s, const LayerWeights *w, const float *qkv,
 }
 
 /* y [T, N] = x [T, K] @ W^T with the step's activation passes; 0, or 10 + the matmul's status. */
-static int matmul(const StepArgs *s, const float *x, int64_t K, const uint8_t *w, int32_t wtype, int64_t N, float *y) {
-    const int status = ember_matmul_q(x, s->tokens, K, K, w, N, wtype, y, N, s->passes, s->second_pass_threshold);
+static int matmul(const StepArgs *s, const float *x, int64_t K, const EmberWeightPart *w, int32_t parts, int64_t N,
+                  float *y) {
+    const int status = ember_matmul_parts(x, s->tokens, K, K, w, parts, y, N, s->passes, s->second_pass_threshold);
     return status ? 10 + status : 0;
 }
 
@@ -87,7 +87,7 @@ EMBER_EXPORT int ember_llama_layer(const LayerWeights *w, const StepArgs *s, flo
         ember_fused_add_rms_norm(hidden, H, residual, H, w->attn_norm, T, H, s->eps);
         memcpy(x, hidden, sizeof(float) * (size_t)(T * H));
     }
-    if ((status = matmul(s, x, H, w->qkv, w->qkv_type, qkv_size, qkv))) goto done;
+    if ((status = matmul(s, x, H, w->qkv, w->qkv_parts, qkv_size, qkv))) goto done;
     if (w->qkv_bias)
         for (int64_t t = 0; t < T; t++)
             for (int64_t i = 0; i < qkv_size; i++) qkv[t * qkv_size + i] += w->qkv_bias[i];
@@ -100,11 +100,11 @@ EMBER_EXPORT int ember_llama_layer(const LayerWeights *w, const StepArgs *s, flo
                                         s->query_start_loc, s->num_seqs, s->scale))) {
         status += 20; goto done;
     }
-    if ((status = matmul(s, attn, q_size, w->o, w->o_type, H, hidden))) goto done;
+    if ((status = matmul(s, attn, q_size, w->o, w->o_parts, H, hidden))) goto done;
     ember_fused_add_rms_norm(hidden, H, residual, H, w->ffn_norm, T, H, s->eps);
-    if ((status = matmul(s, hidden, H, w->gate_up, w->gate_up_type, 2 * I, gate_up))) goto done;
+    if ((status = matmul(s, hidden, H, w->gate_up, w->gate_up_parts, 2 * I, gate_up))) goto done;
     ember_silu_and_mul(gate_up, 2 * I, act, I, T, I);
-    status = matmul(s, act, I, w->down, w->down_type, H, hidden);
+    status = matmul(s, act, I, w->down, w->down_parts, H, hidden);
 done:
     free(x); free(qkv); free(attn); free(gate_up); free(act);
     return status;

@@ -20,7 +20,8 @@ from gguf.quants import quantize
 from ember_cupy.config import EngineConfig
 from ember_cupy.ops import _host
 from ember_cupy.ops.linear import matmul_q
-from ember_cupy.quant import ActivationQuantization, QuantizedTensor, to_kernel_format
+from ember_cupy.packed_weight import to_kernel_format
+from ember_cupy.quant import ActivationQuantization, QuantizedTensor
 
 SHAPES = {"qkv": (960, 576, "Q4_1"), "o": (576, 576, "Q4_1"), "gate_up": (3072, 576, "Q4_1"),
           "down": (576, 1536, "Q4_1"), "lm_head": (49152, 576, "Q8_0")}
