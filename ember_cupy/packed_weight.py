@@ -263,20 +263,24 @@ class StackedWeight:
         return full if rows is None else full[np.asarray(rows, dtype=np.int64).reshape(-1)]
 
 
-def pack(tensor: QuantizedTensor) -> PackedWeight:
-    """GGUF rows of a kernel format -> the interleaved layout."""
+def check_packable(tensor: QuantizedTensor) -> None:
     if tensor.qtype not in LAYOUTS:
         raise ValueError(f"no host kernel for {tensor.qtype} blocks (supported: {', '.join(LAYOUTS)})")
     if tensor.shape[1] % LAYOUTS[tensor.qtype].columns:
         raise ValueError(f"{tensor.qtype} needs a multiple of {LAYOUTS[tensor.qtype].columns} columns, "
                          f"got {tensor.shape}")
+
+
+def pack(tensor: QuantizedTensor) -> PackedWeight:
+    """GGUF rows of a kernel format -> the interleaved layout (the NumPy twin of cpu/pack.c)."""
+    check_packable(tensor)
     u, fields = _gguf_values(tensor)
     return _pack_values(tensor.qtype, u, fields, tensor.shape)
 
 
 def to_kernel_format(tensor: QuantizedTensor) -> PackedWeight:
     """The tensor as the kernels read it: packed as stored, or (a type without a kernel)
-    requantized to Q8_0 from its dequantized values."""
+    requantized to Q8_0 from its dequantized values. In NumPy; ops/pack.py packs with the host kernel."""
     from ember_cupy.quant import quantize_q8_0
     if tensor.qtype not in LAYOUTS:
         tensor = quantize_q8_0(tensor.dequantize())

@@ -9,7 +9,8 @@ from gguf.quants import quantize
 
 from ember_cupy.ops import _host
 from ember_cupy.ops.linear import matmul_q, matmul_q_numpy
-from ember_cupy.packed_weight import LAYOUTS, StackedWeight, to_kernel_format
+from ember_cupy.ops.pack import pack_host
+from ember_cupy.packed_weight import LAYOUTS, StackedWeight, pack, to_kernel_format
 from ember_cupy.quant import ActivationQuantization, QuantizedTensor, fake_quantize_activations
 
 RUNNABLE = [isa for isa in _host.ISA_FLAGS if isa == "portable" or isa in _host.supported_isas()]
@@ -229,6 +230,19 @@ def test_every_isa_path_is_the_portable_path_bit_for_bit(qtype, passes, rows):
     portable = matmul_q(x, weight, _host.load_library("portable"), scheme)
     for isa in RUNNABLE:
         np.testing.assert_array_equal(matmul_q(x, weight, _host.load_library(isa), scheme), portable, err_msg=isa)
+
+
+@pytest.mark.parametrize("rows", [1, 8, 13, 40])
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_the_pack_kernel_writes_the_twins_bytes(library, qtype, rows):
+    """cpu/pack.c against packed_weight.pack, from a strided view of the file's rows too."""
+    rng = np.random.default_rng(rows)
+    data = _weight_data(rng, qtype, rows, 512)
+    source = QuantizedTensor(qtype, data, (rows, 512))
+    twin = pack(source)
+    np.testing.assert_array_equal(pack_host(source, library).data, twin.data)
+    wide = np.concatenate([data, np.zeros((rows, 7), np.uint8)], axis=1)[:, :data.shape[1]]
+    np.testing.assert_array_equal(pack_host(QuantizedTensor(qtype, wide, (rows, 512)), library).data, twin.data)
 
 
 def test_a_stacked_weight_is_its_parts_side_by_side(library):

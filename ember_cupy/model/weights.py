@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ember_cupy.packed_weight import PackedWeight, StackedWeight, stack, to_kernel_format
+from ember_cupy.ops.pack import to_kernel_format
+from ember_cupy.packed_weight import PackedWeight, StackedWeight, stack
 from ember_cupy.quant import (DEVICE_FORMATS, DeviceQuantizedWeight, QuantizedStack, QuantizedTensor, quantize_q8_0,
                               to_device_format)
 
