@@ -16,11 +16,10 @@
  *     hidden += rmsnorm(mlp(rmsnorm(hidden, ffn_norm)), post_ffn_norm)
  */
 #include "common.h"
+#include "matmul_q.h"
 
 #include <stdlib.h>
 
-int ember_matmul_q(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w, int64_t N,
-                   int32_t wtype, float *y, int64_t ldy, int32_t passes, float second_pass_threshold);
 void ember_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int64_t ldo, int64_t rows,
                     int64_t hidden, float eps);
 void ember_fused_add_rms_norm(float *x, int64_t ldx, float *residual, int64_t ldr, const float *w,
@@ -39,8 +38,8 @@ int ember_paged_attention_window(float *out, const float *q, int64_t q_stride_t,
 
 typedef struct {              /* fixed per layer (ember_cupy/ops/layer.py: LayerWeightsArgs) */
     const float *attn_norm, *ffn_norm, *qkv_bias;   /* qkv_bias may be NULL */
-    const uint8_t *qkv, *o, *gate_up, *down;        /* packed weights (cpu/matmul_q.c) */
-    int32_t qkv_type, o_type, gate_up_type, down_type;
+    const EmberWeightPart *qkv, *o, *gate_up, *down;   /* each its parts' formats (cpu/matmul_q.h) */
+    int32_t qkv_parts, o_parts, gate_up_parts, down_parts;
     void *k_cache, *v_cache;                        /* [blocks, block_size, kv_heads, head_dim] */
     /* the other families' features; NULL / 0 is Llama's */
     const float *q_norm, *k_norm;                   /* [head_dim] each: qk_norm (Qwen3, Gemma 3) */
@@ -84,8 +83,9 @@ static void write_kv(const StepArgs *s, const LayerWeights *w, const float *qkv,
 }
 
 /* y [T, N] = x [T, K] @ W^T with the step's activation passes; 0, or 10 + the matmul's status. */
-static int matmul(const StepArgs *s, const float *x, int64_t K, const uint8_t *w, int32_t wtype, int64_t N, float *y) {
-    const int status = ember_matmul_q(x, s->tokens, K, K, w, N, wtype, y, N, s->passes, s->second_pass_threshold);
+static int matmul(const StepArgs *s, const float *x, int64_t K, const EmberWeightPart *w, int32_t parts, int64_t N,
+                  float *y) {
+    const int status = ember_matmul_parts(x, s->tokens, K, K, w, parts, y, N, s->passes, s->second_pass_threshold);
     return status ? 10 + status : 0;
 }
 
@@ -136,7 +136,7 @@ static const float *layer_cos_sin(const LayerWeights *w, const StepArgs *s) {
 static int attention_block(const LayerWeights *w, const StepArgs *s, const float *x, float *out, Scratch *b) {
     const int64_t T = s->tokens, H = s->hidden, D = s->head_dim;
     const int64_t q_size = (int64_t)s->heads * D, qkv_size = q_size + 2 * (int64_t)s->kv_heads * D;
-    int status = matmul(s, x, H, w->qkv, w->qkv_type, qkv_size, b->qkv);
+    int status = matmul(s, x, H, w->qkv, w->qkv_parts, qkv_size, b->qkv);
     if (status) return status;
     if (w->qkv_bias) add_bias(b->qkv, T, qkv_size, w->qkv_bias);
     if (w->q_norm) {
@@ -151,17 +151,17 @@ static int attention_block(const LayerWeights *w, const StepArgs *s, const float
                                           s->block_tables, s->table_stride, s->max_blocks, s->context_lens,
                                           s->query_start_loc, s->num_seqs, s->scale, w->window);
     if (status) return LAYER_ATTENTION + status;
-    return matmul(s, b->attn, q_size, w->o, w->o_type, H, out);
+    return matmul(s, b->attn, q_size, w->o, w->o_parts, H, out);
 }
 
 /* out [T, H] = mlp(x [T, H]); out may be x (x is read first). */
 static int mlp_block(const LayerWeights *w, const StepArgs *s, const float *x, float *out, Scratch *b) {
     const int64_t T = s->tokens, H = s->hidden, I = s->inter;
-    const int status = matmul(s, x, H, w->gate_up, w->gate_up_type, 2 * I, b->gate_up);
+    const int status = matmul(s, x, H, w->gate_up, w->gate_up_parts, 2 * I, b->gate_up);
     if (status) return status;
     if (s->activation == ACT_GELU_TANH) ember_gelu_tanh_and_mul(b->gate_up, 2 * I, b->act, I, T, I);
     else ember_silu_and_mul(b->gate_up, 2 * I, b->act, I, T, I);
-    return matmul(s, b->act, I, w->down, w->down_type, H, out);
+    return matmul(s, b->act, I, w->down, w->down_parts, H, out);
 }
 
 typedef int (*Block)(const LayerWeights *, const StepArgs *, const float *, float *, Scratch *);

@@ -15,9 +15,12 @@
  * chain over the blocks, whatever the batch: results are batch invariant.
  * NumPy twin: ember_cupy/ops/linear.py (fake-quantized x @ dequantized W).
  */
+#define _GNU_SOURCE                  /* syscall(), for the AMX permission */
 #include "common.h"
+#include "matmul_q.h"
 #include "threadpool.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 #define QK 32
@@ -30,13 +33,14 @@
 #ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 1024          /* weights streamed from DRAM: ask for them this far ahead */
 #endif
-enum { WTYPE_Q8_0 = 0, WTYPE_Q4_1 = 1 };
+enum { WTYPE_Q8_0 = 0, WTYPE_Q4_1 = 1 };   /* the others: cpu/matmul_formats.h */
 static const int64_t RECORD_BYTES[] = {16 + 256, 32 + 128};
 
 EMBER_EXPORT const char *ember_isa(void) { return EMBER_ISA; }
 
 /* ---- activation quantization ---------------------------------------------------------- */
-static void quantize_block(const float *xb, int8_t *q, float *d_out, float *s_out, int32_t *sum_out) {
+static void quantize_block(const float *xb, int8_t *q, float *d_out, float *s_out, int32_t *sum_out,
+                           int32_t *sum_lo_out) {
     float amax = 0.0f;
     for (int i = 0; i < QK; i++) {
         float a = xb[i] < 0 ? -xb[i] : xb[i];
@@ -44,25 +48,30 @@ static void quantize_block(const float *xb, int8_t *q, float *d_out, float *s_ou
     }
     float d = amax / 127.0f;
     float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int sum = 0;
+    int sum = 0, sum_lo = 0;
     for (int i = 0; i < QK; i++) {
         int v = (int)__builtin_rintf(xb[i] * id);
         q[i] = (int8_t)v;
         sum += v;
+        if (i == QK / 2 - 1) sum_lo = sum;
     }
     *d_out = d;
     *s_out = d * (float)sum;
     if (sum_out) *sum_out = sum;
+    if (sum_lo_out) *sum_lo_out = sum_lo;
 }
 
-/* xsum (may be NULL): each block's sum of q, for the VNNI kernels' Q8_0 offset */
-static void quantize_row(const float *x, int64_t K, int8_t *q, float *d_out, float *s_out, int32_t *xsum) {
+/* xsum, xsum_lo (may be NULL): each block's sum of q and that of its first 16, for the offsets
+ * of the formats whose values are unsigned (Q8_0 as w + 128 in the VNNI kernels, Q5_0, Q6_K, ...) */
+static void quantize_row(const float *x, int64_t K, int8_t *q, float *d_out, float *s_out, int32_t *xsum,
+                         int32_t *xsum_lo) {
     for (int64_t b = 0; b < K / QK; b++)
-        quantize_block(x + b * QK, q + b * QK, d_out + b, s_out + b, xsum ? xsum + b : NULL);
+        quantize_block(x + b * QK, q + b * QK, d_out + b, s_out + b, xsum ? xsum + b : NULL,
+                       xsum_lo ? xsum_lo + b : NULL);
 }
 
 struct quantize_job {
-    const float *x; int64_t K, ldx; double threshold; int8_t *xq; float *xd, *xs; int32_t *xsum;
+    const float *x; int64_t K, ldx; double threshold; int8_t *xq; float *xd, *xs; int32_t *xsum, *xsum_lo;
 };
 
 static void quantize_rows(void *ctx, int64_t begin, int64_t end) {
@@ -70,19 +79,19 @@ static void quantize_rows(void *ctx, int64_t begin, int64_t end) {
     const int64_t nb = job->K / QK;
     for (int64_t m = begin; m < end; m++)
         quantize_row(job->x + m * job->ldx, job->K, job->xq + m * job->K, job->xd + m * nb, job->xs + m * nb,
-                     job->xsum ? job->xsum + m * nb : NULL);
+                     job->xsum ? job->xsum + m * nb : NULL, job->xsum_lo ? job->xsum_lo + m * nb : NULL);
 }
 
 static void quantize_one_pass(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *xq, float *xd,
-                              float *xs, int32_t *xsum) {
-    struct quantize_job job = {x, K, ldx, 0.0, xq, xd, xs, xsum};
+                              float *xs, int32_t *xsum, int32_t *xsum_lo) {
+    struct quantize_job job = {x, K, ldx, 0.0, xq, xd, xs, xsum, xsum_lo};
     if (M >= 8) ember_parallel_for(M, quantize_rows, &job);
     else quantize_rows(&job, 0, M);
 }
 
 EMBER_EXPORT void ember_quantize_q8(const float *x, int64_t M, int64_t K, int64_t ldx,
                                     int8_t *xq, float *xd, float *xs) {
-    quantize_one_pass(x, M, K, ldx, xq, xd, xs, NULL);
+    quantize_one_pass(x, M, K, ldx, xq, xd, xs, NULL, NULL);
 }
 
 /* ---- one group of 8 weight rows against R rows of x ------------------------------------- */
@@ -194,13 +203,13 @@ static inline void group_tile(const uint8_t *g, int32_t wtype, int64_t nb, const
                             sum += (v & 0x0f) * xb[8 * c + i] + (v >> 4) * xb[8 * c + 4 + i];
                         }
                     const float mw = ember_f16_to_f32(ember_load_u16(rec + 16 + 2 * n));
-                    out[r][n] += (float)sum * (dw * xd[r * nb + b]);
-                    out[r][n] += mw * xs[r * nb + b];
+                    out[r][n] = fmaf((float)sum, dw * xd[r * nb + b], out[r][n]);
+                    out[r][n] = fmaf(mw, xs[r * nb + b], out[r][n]);
                 } else {
                     for (int j = 0; j < 8; j++)
                         for (int i = 0; i < 4; i++)
                             sum += (int8_t)rec[16 + 32 * j + 4 * n + i] * xb[4 * j + i];
-                    out[r][n] += (float)sum * (dw * xd[r * nb + b]);
+                    out[r][n] = fmaf((float)sum, dw * xd[r * nb + b], out[r][n]);
                 }
             }
         }
@@ -295,11 +304,14 @@ static inline __attribute__((always_inline)) void group_pair_tile(
 }
 #endif
 
+#include "matmul_formats.h"
+
 #if defined(PAIRED_GROUPS) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 /* AMX: a weight-group pair's block is one tile B (8 rows of 64 bytes: row k4 holds k = 4 k4..4 k4+3
  * of the 16 weight rows, which is how the packed chunks already lie), 16 int8 rows of x are tile A
  * (their rows as quantized, stride K), and tile C = A B holds the block's exact int32 sums for 16 x
  * 16 outputs. They are then scaled with the 512-bit path's float steps in its order: the same bits.
+ * Q6_K, whose blocks have two scales, stays on the 512-bit path.
  * Linux lends the tile registers to a process that asks (arch_prctl); where it refuses, the
  * 512-bit path runs. */
 #include <sys/syscall.h>
@@ -327,6 +339,8 @@ static int amx_permission(void) {                /* 1 granted, -1 refused; asked
 
 EMBER_EXPORT int ember_amx_ready(void) { return amx_permission() > 0; }
 
+static int amx_serves(int32_t wtype) { return wtype != WTYPE_Q6_K; }
+
 static void configure_tiles(void) {           /* per thread: the tile shapes stay loaded */
     static __thread int configured = 0;
     if (configured) return;
@@ -341,13 +355,18 @@ static void configure_tiles(void) {           /* per thread: the tile shapes sta
 }
 
 /* The pair's blocks as tiles B, 512 bytes each: Q4_1's nibbles unpacked (chunk c's low nibbles
- * are k4 = 2c, its high nibbles k4 = 2c + 1), Q8_0's chunks as they are. */
+ * are k4 = 2c, its high nibbles k4 = 2c + 1), Q8_0's chunks as they are, the other formats'
+ * values decoded (V_j is row k4 = j). */
 static void pair_b_tiles(const uint8_t *ga, const uint8_t *gb, int32_t wtype, int64_t nb, uint8_t *tiles) {
-    const int64_t rb = RECORD_BYTES[wtype];
+    const int64_t rb = record_bytes(wtype);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *ra = ga + b * rb, *rc = gb + b * rb;
         __m512i *tile = (__m512i *)(tiles + b * 512);
-        if (wtype == WTYPE_Q4_1) {
+        if (is_unsigned_format(wtype)) {
+            __m512i v[8];
+            decode_values16(body_of(ga, wtype, b), body_of(gb, wtype, b), FORMATS[wtype].high_bits, v);
+            for (int j = 0; j < 8; j++) _mm512_store_si512(tile + j, v[j]);
+        } else if (wtype == WTYPE_Q4_1) {
             for (int c = 0; c < 4; c++) unpack_q4_chunk(ra, rc, c, tile + 2 * c, tile + 2 * c + 1);
         } else {
             for (int j = 0; j < 8; j++) _mm512_store_si512(tile + j, load_pair(ra + 16 + 32 * j, rc + 16 + 32 * j));
@@ -361,32 +380,49 @@ static inline void tile_block(int32_t wtype, const uint8_t *tiles, const int8_t 
     _tile_loadd(TILE_A, xq + b * QK, K);
     _tile_loadd(TILE_B, tiles + b * 512, 64);
     _tile_zero(TILE_C);
-    if (wtype == WTYPE_Q4_1) _tile_dpbsud(TILE_C, TILE_A, TILE_B);   /* signed x, unsigned nibbles */
-    else _tile_dpbssd(TILE_C, TILE_A, TILE_B);
+    if (wtype == WTYPE_Q8_0) _tile_dpbssd(TILE_C, TILE_A, TILE_B);
+    else _tile_dpbsud(TILE_C, TILE_A, TILE_B);        /* signed x, unsigned values */
     _tile_stored(TILE_C, sums, 64);
+}
+
+/* Block b's sums of R rows into acc, with the 512-bit path's float steps. */
+static inline void scale_tile_block(const uint8_t *ga, const uint8_t *gb, int32_t wtype, int64_t nb, int64_t b,
+                                    const int32_t (*block)[2 * ROWS], const float *xd, const float *xs,
+                                    const int32_t *xsum, const int R, __m512 *acc) {
+    if (is_unsigned_format(wtype)) {
+        __m512 dw, mw;
+        pair_scales(record_of(ga, wtype, b), record_of(gb, wtype, b), wtype, (int)(b % FORMATS[wtype].blocks), &dw, &mw);
+        const int32_t offset = FORMATS[wtype].offset;
+        for (int r = 0; r < R; r++) {   /* no skip: a zero block adds +-0 to an acc that is never -0 */
+            __m512i isum = _mm512_load_si512(block[r]);
+            if (offset) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(offset * xsum[r * nb + b]));
+            acc[r] = scale_block16(wtype, acc[r], isum, dw, mw, xd[r * nb + b], xs[r * nb + b]);
+        }
+        return;
+    }
+    const int64_t rb = record_bytes(wtype);
+    const uint8_t *ra = ga + b * rb, *rc = gb + b * rb;
+    const __m512 dw = load_f16x16(ra, rc);
+    const __m512 mw = wtype == WTYPE_Q4_1 ? load_f16x16(ra + 16, rc + 16) : _mm512_setzero_ps();
+    for (int r = 0; r < R; r++) {
+        const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nb + b]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(block[r])), scale, acc[r]);
+        if (wtype == WTYPE_Q4_1) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[r * nb + b]), acc[r]);
+    }
 }
 
 /* Up to 16 int8 rows of x (xq holds 16 readable rows) against a pair whose tiles B are built.
  * The tiles compute block b + 1 while the vector units scale block b. */
 static void pair_tile_amx(const uint8_t *ga, const uint8_t *gb, int32_t wtype, int64_t nb, const uint8_t *tiles,
-                          const int8_t *xq, int64_t K, const float *xd, const float *xs, const int R,
-                          float out_a[][ROWS], float out_b[][ROWS]) {
-    const int64_t rb = RECORD_BYTES[wtype];
+                          const int8_t *xq, int64_t K, const float *xd, const float *xs, const int32_t *xsum,
+                          const int R, float out_a[][ROWS], float out_b[][ROWS]) {
     int32_t sums[2][AMX_ROWS][2 * ROWS] __attribute__((aligned(64)));
     __m512 acc[AMX_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     tile_block(wtype, tiles, xq, K, 0, sums[0]);
     for (int64_t b = 0; b < nb; b++) {
         if (b + 1 < nb) tile_block(wtype, tiles, xq, K, b + 1, sums[(b + 1) & 1]);
-        const int32_t (*block)[2 * ROWS] = sums[b & 1];
-        const uint8_t *ra = ga + b * rb, *rc = gb + b * rb;
-        const __m512 dw = load_f16x16(ra, rc);
-        const __m512 mw = wtype == WTYPE_Q4_1 ? load_f16x16(ra + 16, rc + 16) : _mm512_setzero_ps();
-        for (int r = 0; r < R; r++) {      /* no skip: a zero block adds +-0 to an acc that is never -0 */
-            const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nb + b]));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(block[r])), scale, acc[r]);
-            if (wtype == WTYPE_Q4_1) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[r * nb + b]), acc[r]);
-        }
+        scale_tile_block(ga, gb, wtype, nb, b, (const int32_t (*)[2 * ROWS])sums[b & 1], xd, xs, xsum, R, acc);
     }
     store_pair_rows(acc, R, out_a, out_b);
 }
@@ -411,15 +447,82 @@ static void store_tile(float out[][ROWS], int R, int32_t passes, int64_t n0, int
         case 4: TILE_OF(4); break; case 3: TILE_OF(3); break; case 2: TILE_OF(2); break; \
         case 1: TILE_OF(1); break; default: break; } } while (0)
 
-/* Groups [g0, g1) of 8 weight rows against rows [m0, m1) of x; in pairs where the ISA has them. */
-static void groups_against_x(const uint8_t *w, int32_t wtype, int64_t nb, const int8_t *xq,
-                             int64_t K, const float *xd, const float *xs, const int32_t *xsum,
-                             int32_t passes, int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t N,
-                             float *y, int64_t ldy) {
-    const int64_t group_bytes = nb * RECORD_BYTES[wtype];
+/* x as the kernels read it: int8 rows, per block d, d * sum q, sum q and the sum of its first 16 */
+struct quantized_x { const int8_t *q; const float *d, *s; const int32_t *sum, *sum_lo; int64_t K, nb; };
+
+static struct quantized_x x_from(const struct quantized_x *x, int64_t m) {
+    struct quantized_x at = *x;
+    at.q += m * x->K; at.d += m * x->nb; at.s += m * x->nb; at.sum += m * x->nb; at.sum_lo += m * x->nb;
+    return at;
+}
+
+/* Groups [g0, g1) of an unsigned-value format W against rows [m0, m1) of x; W a constant. */
+static inline __attribute__((always_inline)) void format_groups(
+        const int32_t W, const uint8_t *w, const struct quantized_x *x, int32_t passes, int64_t m0, int64_t m1,
+        int64_t g0, int64_t g1, int64_t N, float *y, int64_t ldy) {
+    const int64_t group_bytes = (x->nb / FORMATS[W].blocks) * record_bytes(W);
     float out[MR][ROWS];
     int64_t g = g0;
 #if defined(PAIRED_GROUPS)
+    float out_b[MR][ROWS];
+    for (; g + 1 < g1; g += 2) {
+        const uint8_t *gw = w + g * group_bytes;
+        int64_t m = m0;
+#define PAIR(R) do { const struct quantized_x at = x_from(x, m); \
+                     group_pair_tile_formats(gw, gw + group_bytes, W, x->nb, at.q, x->K, at.d, at.s, at.sum, \
+                                             at.sum_lo, R, out, out_b); \
+                     store_tile(out, R, passes, g * ROWS, N, y + (m / passes) * ldy, ldy); \
+                     store_tile(out_b, R, passes, (g + 1) * ROWS, N, y + (m / passes) * ldy, ldy); } while (0)
+        for (; m + MR <= m1; m += MR) PAIR(MR);
+        TAIL_TILES(m1 - m, PAIR);
+#undef PAIR
+    }
+#endif
+    for (; g < g1; g++) {
+        const uint8_t *gw = w + g * group_bytes;
+        int64_t m = m0;
+#if defined(__AVX2__)
+#define TILE(R) do { const struct quantized_x at = x_from(x, m); \
+                     group_tile_formats(gw, W, x->nb, at.q, x->K, at.d, at.s, at.sum, at.sum_lo, R, out); \
+                     store_tile(out, R, passes, g * ROWS, N, y + (m / passes) * ldy, ldy); } while (0)
+#else
+#define TILE(R) do { const struct quantized_x at = x_from(x, m); \
+                     group_tile_formats_portable(gw, W, x->nb, at.q, x->K, at.d, at.s, R, out); \
+                     store_tile(out, R, passes, g * ROWS, N, y + (m / passes) * ldy, ldy); } while (0)
+#endif
+        for (; m + MR <= m1; m += MR) TILE(MR);
+        TAIL_TILES(m1 - m, TILE);
+#undef TILE
+    }
+}
+
+static void groups_against_x_formats(const uint8_t *w, int32_t wtype, const struct quantized_x *x, int32_t passes,
+                                     int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t N, float *y, int64_t ldy) {
+    switch (wtype) {
+    case WTYPE_Q4_K: format_groups(WTYPE_Q4_K, w, x, passes, m0, m1, g0, g1, N, y, ldy); break;
+    case WTYPE_Q5_K: format_groups(WTYPE_Q5_K, w, x, passes, m0, m1, g0, g1, N, y, ldy); break;
+    case WTYPE_Q6_K: format_groups(WTYPE_Q6_K, w, x, passes, m0, m1, g0, g1, N, y, ldy); break;
+    case WTYPE_Q5_0: format_groups(WTYPE_Q5_0, w, x, passes, m0, m1, g0, g1, N, y, ldy); break;
+    case WTYPE_Q5_1: format_groups(WTYPE_Q5_1, w, x, passes, m0, m1, g0, g1, N, y, ldy); break;
+    case WTYPE_Q4_0: format_groups(WTYPE_Q4_0, w, x, passes, m0, m1, g0, g1, N, y, ldy); break;
+    default: break;
+    }
+}
+
+/* Groups [g0, g1) of 8 weight rows against rows [m0, m1) of x; in pairs where the ISA has them. */
+static void groups_against_x(const uint8_t *w, int32_t wtype, const struct quantized_x *x, int32_t passes,
+                             int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t N, float *y, int64_t ldy) {
+    if (is_unsigned_format(wtype)) {
+        groups_against_x_formats(w, wtype, x, passes, m0, m1, g0, g1, N, y, ldy);
+        return;
+    }
+    const int64_t nb = x->nb, K = x->K, group_bytes = nb * record_bytes(wtype);
+    const int8_t *xq = x->q;
+    const float *xd = x->d, *xs = x->s;
+    float out[MR][ROWS];
+    int64_t g = g0;
+#if defined(PAIRED_GROUPS)
+    const int32_t *xsum = x->sum;
     float out_b[MR][ROWS];
     for (; g + 1 < g1; g += 2) {
         const uint8_t *gw = w + g * group_bytes;
@@ -432,8 +535,6 @@ static void groups_against_x(const uint8_t *w, int32_t wtype, int64_t nb, const 
         TAIL_TILES(m1 - m, PAIR);
 #undef PAIR
     }
-#else
-    (void)xsum;
 #endif
     for (; g < g1; g++) {
         const uint8_t *gw = w + g * group_bytes;
@@ -447,35 +548,33 @@ static void groups_against_x(const uint8_t *w, int32_t wtype, int64_t nb, const 
 }
 
 struct matmul_job {
-    const uint8_t *w; int32_t wtype, passes, amx; int64_t nb, K, groups, N, ldy, rows, chunk;
-    const int8_t *xq; const float *xd, *xs; const int32_t *xsum; float *y;
+    const uint8_t *w; int32_t wtype, passes, amx; int64_t groups, N, ldy, rows, chunk;
+    struct quantized_x x; float *y;
 };
 
 #if defined(AMX_TILES)
 /* Groups [g0, g1) against every row of x, a pair's tiles B built once for all its tiles A. */
 static int groups_amx(const struct matmul_job *j, int64_t g0, int64_t g1) {
-    const int64_t group_bytes = j->nb * RECORD_BYTES[j->wtype];
-    uint8_t *tiles = aligned_alloc(64, (size_t)(j->nb * 512));
+    const int64_t nb = j->x.nb, group_bytes = (nb / FORMATS[j->wtype].blocks) * record_bytes(j->wtype);
+    uint8_t *tiles = aligned_alloc(64, (size_t)(nb * 512));
     if (!tiles) return 0;
     configure_tiles();
     float out[AMX_ROWS][ROWS], out_b[AMX_ROWS][ROWS];
     int64_t g = g0;
     for (; g + 1 < g1; g += 2) {
         const uint8_t *ga = j->w + g * group_bytes, *gb = ga + group_bytes;
-        pair_b_tiles(ga, gb, j->wtype, j->nb, tiles);
+        pair_b_tiles(ga, gb, j->wtype, nb, tiles);
         for (int64_t m = 0; m < j->rows; m += AMX_ROWS) {
             const int R = j->rows - m < AMX_ROWS ? (int)(j->rows - m) : AMX_ROWS;
+            const struct quantized_x at = x_from(&j->x, m);
             float *y = j->y + (m / j->passes) * j->ldy;
-            pair_tile_amx(ga, gb, j->wtype, j->nb, tiles, j->xq + m * j->K, j->K, j->xd + m * j->nb,
-                          j->xs + m * j->nb, R, out, out_b);
+            pair_tile_amx(ga, gb, j->wtype, nb, tiles, at.q, j->x.K, at.d, at.s, at.sum, R, out, out_b);
             store_tile(out, R, j->passes, g * ROWS, j->N, y, j->ldy);
             store_tile(out_b, R, j->passes, (g + 1) * ROWS, j->N, y, j->ldy);
         }
     }
     free(tiles);
-    if (g < g1)
-        groups_against_x(j->w, j->wtype, j->nb, j->xq, j->K, j->xd, j->xs, j->xsum, j->passes, 0, j->rows,
-                         g, g1, j->N, j->y, j->ldy);
+    if (g < g1) groups_against_x(j->w, j->wtype, &j->x, j->passes, 0, j->rows, g, g1, j->N, j->y, j->ldy);
     return 1;
 }
 #endif
@@ -491,8 +590,7 @@ static void matmul_tasks(void *ctx, int64_t begin, int64_t end) {
 #endif
     for (int64_t m0 = 0; m0 < j->rows; m0 += j->chunk) {
         const int64_t m1 = m0 + j->chunk < j->rows ? m0 + j->chunk : j->rows;
-        groups_against_x(j->w, j->wtype, j->nb, j->xq, j->K, j->xd, j->xs, j->xsum, j->passes, m0, m1,
-                         g0, g1, j->N, j->y, j->ldy);
+        groups_against_x(j->w, j->wtype, &j->x, j->passes, m0, m1, g0, g1, j->N, j->y, j->ldy);
     }
 }
 
@@ -507,10 +605,10 @@ static void quantize_two_pass_rows(void *ctx, int64_t begin, int64_t end) {
         const float *x = job->x + m * job->ldx;
         int8_t *q1 = job->xq + 2 * m * K;
         float *d1 = job->xd + 2 * m * nb, *s1 = job->xs + 2 * m * nb;
-        int32_t *sum1 = job->xsum + 2 * m * nb;
+        int32_t *sum1 = job->xsum + 2 * m * nb, *lo1 = job->xsum_lo + 2 * m * nb;
         double mean_square = 0.0;
         for (int64_t b = 0; b < nb; b++) {
-            quantize_block(x + b * QK, q1 + b * QK, d1 + b, s1 + b, sum1 + b);
+            quantize_block(x + b * QK, q1 + b * QK, d1 + b, s1 + b, sum1 + b, lo1 + b);
             mean_square += (double)d1[b] * (double)d1[b];
         }
         const double cut = job->threshold * (mean_square / (double)nb);
@@ -518,51 +616,79 @@ static void quantize_two_pass_rows(void *ctx, int64_t begin, int64_t end) {
             if ((double)d1[b] * (double)d1[b] < cut) {
                 memset(q1 + K + b * QK, 0, QK);
                 d1[nb + b] = s1[nb + b] = 0.0f;
-                sum1[nb + b] = 0;
+                sum1[nb + b] = lo1[nb + b] = 0;
                 continue;
             }
             for (int i = 0; i < QK; i++) residual[i] = x[b * QK + i] - (float)q1[b * QK + i] * d1[b];
-            quantize_block(residual, q1 + K + b * QK, d1 + nb + b, s1 + nb + b, sum1 + nb + b);
+            quantize_block(residual, q1 + K + b * QK, d1 + nb + b, s1 + nb + b, sum1 + nb + b, lo1 + nb + b);
         }
     }
 }
 
 static void quantize_two_pass(const float *x, int64_t M, int64_t K, int64_t ldx, double threshold,
-                              int8_t *xq, float *xd, float *xs, int32_t *xsum) {
-    struct quantize_job job = {x, K, ldx, threshold, xq, xd, xs, xsum};
+                              int8_t *xq, float *xd, float *xs, int32_t *xsum, int32_t *xsum_lo) {
+    struct quantize_job job = {x, K, ldx, threshold, xq, xd, xs, xsum, xsum_lo};
     if (M >= 8) ember_parallel_for(M, quantize_two_pass_rows, &job);
     else quantize_two_pass_rows(&job, 0, M);
 }
 
-/* w: packed as above, ceil(N / 8) groups; passes: 1 (int8 x) or 2 (x and its residual, in the
- * blocks that second_pass_threshold selects: 0 selects all). Returns 0, -1 for a bad argument,
- * -2 out of memory. */
-EMBER_EXPORT int ember_matmul_q(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w,
-                                int64_t N, int32_t wtype, float *y, int64_t ldy, int32_t passes,
-                                float second_pass_threshold) {
-    if (K % QK != 0 || (wtype != WTYPE_Q8_0 && wtype != WTYPE_Q4_1) || M < 0 || N < 0) return -1;
-    if ((passes != 1 && passes != 2) || !(second_pass_threshold >= 0.0f)) return -1;
-    if (M == 0 || N == 0) return 0;
-    const int64_t nb = K / QK, groups = (N + ROWS - 1) / ROWS, rows = M * passes;
-    const int64_t padded_rows = (rows + 15) / 16 * 16;      /* AMX reads x 16 rows at a time */
-    int8_t *xq = (int8_t *)malloc((size_t)(padded_rows * K + 64));
-    float *xd = (float *)malloc(sizeof(float) * (size_t)(rows * nb) * 3);
-    if (!xq || !xd) { free(xq); free(xd); return -2; }
-    memset(xq + rows * K, 0, (size_t)((padded_rows - rows) * K));
-    float *xs = xd + rows * nb;
-    int32_t *xsum = (int32_t *)(xs + rows * nb);
-    if (passes == 2) quantize_two_pass(x, M, K, ldx, second_pass_threshold, xq, xd, xs, xsum);
-    else quantize_one_pass(x, M, K, ldx, xq, xd, xs, xsum);
-    int64_t chunk = X_TILE_BYTES / K / MR * MR;   /* a multiple of MR: two-pass pairs stay whole */
+static int valid_part(const EmberWeightPart *part, int64_t K) {
+    return part->wtype >= 0 && part->wtype < WTYPE_COUNT && part->rows >= 0 &&
+           K % (QK * FORMATS[part->wtype].blocks) == 0 && (part->rows == 0 || part->w != NULL);
+}
+
+/* One part's rows of y (columns [column, column + rows)), x quantized already. */
+static void matmul_part(const EmberWeightPart *part, const struct quantized_x *x, int64_t rows, int32_t passes,
+                        float *y, int64_t ldy) {
+    if (part->rows == 0) return;
+    int64_t chunk = X_TILE_BYTES / x->K / MR * MR;   /* a multiple of MR: two-pass pairs stay whole */
     if (chunk < MR) chunk = MR;
 #if defined(AMX_TILES)
-    const int32_t amx = rows >= AMX_MIN_ROWS && amx_permission() > 0;
+    const int32_t amx = rows >= AMX_MIN_ROWS && amx_serves(part->wtype) && amx_permission() > 0;
 #else
     const int32_t amx = 0;
 #endif
-    struct matmul_job job = {w, wtype, passes, amx, nb, K, groups, N, ldy, rows, chunk, xq, xd, xs, xsum, y};
+    const int64_t groups = (part->rows + ROWS - 1) / ROWS;
+    struct matmul_job job = {part->w, part->wtype, passes, amx, groups, part->rows, ldy, rows, chunk, *x, y};
     ember_parallel_for((groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK, matmul_tasks, &job);
+}
+
+/* y[:, offsets of the parts] = x @ [W_0; W_1; ...]^T: x quantized once for every part (each packed
+ * as above in its own format). passes: 1 (int8 x) or 2 (x and its residual, in the blocks that
+ * second_pass_threshold selects: 0 selects all). Returns 0, -1 for a bad argument, -2 out of memory. */
+EMBER_EXPORT int ember_matmul_parts(const float *x, int64_t M, int64_t K, int64_t ldx, const EmberWeightPart *parts,
+                                    int32_t count, float *y, int64_t ldy, int32_t passes, float second_pass_threshold) {
+    if (K <= 0 || K % QK != 0 || M < 0 || count < 0 || (count > 0 && !parts)) return -1;
+    if ((passes != 1 && passes != 2) || !(second_pass_threshold >= 0.0f)) return -1;
+    for (int32_t p = 0; p < count; p++)
+        if (!valid_part(&parts[p], K)) return -1;
+    if (M == 0 || count == 0) return 0;
+    const int64_t nb = K / QK, rows = M * passes;
+    const int64_t padded_rows = (rows + 15) / 16 * 16;      /* AMX reads x 16 rows at a time */
+    int8_t *xq = (int8_t *)malloc((size_t)(padded_rows * K + 64));
+    float *xd = (float *)malloc(sizeof(float) * (size_t)(rows * nb) * 4);
+    if (!xq || !xd) { free(xq); free(xd); return -2; }
+    memset(xq + rows * K, 0, (size_t)((padded_rows - rows) * K));
+    float *xs = xd + rows * nb;
+    int32_t *xsum = (int32_t *)(xs + rows * nb), *xsum_lo = xsum + rows * nb;
+    if (passes == 2) quantize_two_pass(x, M, K, ldx, second_pass_threshold, xq, xd, xs, xsum, xsum_lo);
+    else quantize_one_pass(x, M, K, ldx, xq, xd, xs, xsum, xsum_lo);
+    const struct quantized_x quantized = {xq, xd, xs, xsum, xsum_lo, K, nb};
+    int64_t column = 0;
+    for (int32_t p = 0; p < count; p++) {
+        matmul_part(&parts[p], &quantized, rows, passes, y + column, ldy);
+        column += parts[p].rows;
+    }
     free(xq);
     free(xd);
     return 0;
+}
+
+/* One matrix of one format: w packed as above, ceil(N / 8) groups. */
+EMBER_EXPORT int ember_matmul_q(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t *w,
+                                int64_t N, int32_t wtype, float *y, int64_t ldy, int32_t passes,
+                                float second_pass_threshold) {
+    if (N < 0) return -1;
+    const EmberWeightPart part = {w, N, wtype};
+    return ember_matmul_parts(x, M, K, ldx, &part, 1, y, ldy, passes, second_pass_threshold);
 }

@@ -1,4 +1,5 @@
-"""Array backend selection: CuPy when a CUDA device is usable, else NumPy.
+"""Array backend selection: CuPy when a CUDA device is usable, else NumPy (CuPy is not even
+imported where no NVIDIA driver is visible).
 
 `EMBER_BACKEND=numpy|cupy` overrides the automatic choice. Everything above `ops/` calls
 `get_xp()` and stays backend-agnostic.
@@ -17,6 +18,14 @@ BACKENDS = ("numpy", "cupy")
 
 class BackendError(RuntimeError):
     """The requested backend cannot be used on this machine."""
+
+
+# Where an NVIDIA driver lives: its device nodes (Linux, containers run with --gpus) or WSL's GPU.
+_DRIVER_PATHS = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia", "/dev/dxg")
+
+
+def nvidia_driver_visible() -> bool:
+    return any(os.path.exists(path) for path in _DRIVER_PATHS)
 
 
 def _cupy_or_reason() -> tuple[types.ModuleType | None, str]:
@@ -75,6 +84,8 @@ def get_backend_name() -> str:
         raise BackendError(f"EMBER_BACKEND={requested!r} is not one of {BACKENDS}")
     if requested == "numpy":
         return "numpy"
+    if not requested and not nvidia_driver_visible():
+        return "numpy"     # importing CuPy alone costs ~0.6 s and ~30 MB on a machine without a GPU
     cupy, reason = _cupy_or_reason()
     if requested == "cupy" and cupy is None:
         raise BackendError(f"EMBER_BACKEND=cupy was requested but {reason}")

@@ -2,9 +2,7 @@
 
 A `QuantizedTensor` is a matrix [rows, cols] stored row by row as GGUF blocks of 32 columns
 (`data`: uint8 [rows, row_bytes]), exactly as a GGUF file holds it. The host kernels read a
-`PackedWeight`: Q8_0 or Q4_1 blocks with 8 rows interleaved (layout in cpu/matmul_q.c), the same
-bytes per weight. Q4_0 becomes Q4_1 (w = d*q - 8d is w = d*q + m with m = -8d, exact in f16);
-every other GGUF type is requantized to Q8_0 from its dequantized values.
+`PackedWeight` (ember_cupy/packed_weight.py): the same blocks with 8 rows interleaved.
 The CUDA kernels read a `DeviceQuantizedWeight`: Q8_0, Q4_0 or Q4_1 blocks split into quants and
 f16 scales (layout in cuda/matmul_q.cu), on the device, the same bytes per weight.
 """
@@ -15,9 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 
 BLOCK = 32
-ROWS_PER_GROUP = 8
-# formats the kernels compute on: the kernel's type code (cpu/matmul_q.c)
-KERNEL_FORMATS = {"Q8_0": 0, "Q4_1": 1}
 # formats cuda/matmul_q.cu computes on, and the bytes of a GGUF block (scales first, then quants)
 DEVICE_FORMATS = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
 
@@ -60,113 +55,17 @@ def quantize_q8_0(weight: np.ndarray) -> QuantizedTensor:
     return QuantizedTensor("Q8_0", quantize(weight, GGMLQuantizationType.Q8_0), weight.shape)
 
 
-def q4_0_as_q4_1(tensor: QuantizedTensor) -> QuantizedTensor:
-    """Repack Q4_0 blocks (f16 d, nibbles) as Q4_1 (f16 d, f16 m = -8d, the same nibbles)."""
-    rows, cols = tensor.shape
-    blocks = tensor.data.reshape(rows, cols // BLOCK, 18)
-    d = blocks[..., :2].copy().view(np.float16)
-    m = (d.astype(np.float32) * -8.0).astype(np.float16)
-    if not np.isfinite(m).all():
-        return quantize_q8_0(tensor.dequantize())
-    out = np.empty((rows, cols // BLOCK, 20), np.uint8)
-    out[..., :2] = d.view(np.uint8)
-    out[..., 2:4] = m.view(np.uint8)
-    out[..., 4:] = blocks[..., 2:]
-    return QuantizedTensor("Q4_1", out.reshape(rows, -1), tensor.shape)
-
-
 @dataclass(frozen=True)
-class PackedWeight:
-    """A Q8_0 or Q4_1 matrix [rows, cols] repacked for the host kernels: per group of 8 rows and
-    block of 32 columns, the 8 f16 scales (and offsets), then the values interleaved so that a
-    32-byte load holds 4 columns of all 8 rows. Rows are padded to a multiple of 8."""
-    qtype: str                  # "Q8_0" or "Q4_1"
-    data: np.ndarray            # uint8 [groups, blocks * record bytes]
-    shape: tuple[int, int]
+class QuantizedStack:
+    """Row ranges of one matrix in different GGUF formats (a K-quant file's q/k/v or gate/up)."""
+    parts: tuple[QuantizedTensor, ...]
 
     @property
-    def nbytes(self) -> int:
-        return self.data.nbytes
+    def shape(self) -> tuple[int, int]:
+        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
 
-    @property
-    def kernel_type(self) -> int:
-        return KERNEL_FORMATS[self.qtype]
-
-    def to_gguf(self) -> QuantizedTensor:
-        return QuantizedTensor(self.qtype, _unpack(self), self.shape)
-
-    def dequantize(self, rows=None) -> np.ndarray:
-        """float32 [rows, cols]; with `rows`, only their groups are unpacked (embedding lookups)."""
-        if rows is None:
-            return self.to_gguf().dequantize()
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        if self.qtype == "Q8_0":
-            return self._q8_0_rows(rows)
-        groups, position = np.unique(rows // ROWS_PER_GROUP, return_inverse=True)
-        subset = PackedWeight(self.qtype, self.data[groups], (len(groups) * ROWS_PER_GROUP, self.shape[1]))
-        return subset.to_gguf().dequantize(position * ROWS_PER_GROUP + rows % ROWS_PER_GROUP)
-
-
-    def _q8_0_rows(self, rows: np.ndarray) -> np.ndarray:
-        """Q8_0 rows straight from the interleaved records (an embedding lookup per step)."""
-        nb = self.shape[1] // BLOCK
-        records = self.data.reshape(-1, nb, 272)[rows // ROWS_PER_GROUP]            # [R, nb, 272]
-        lane = rows % ROWS_PER_GROUP
-        scales = records[:, :, :16].view(np.float16)[np.arange(len(rows)), :, lane]   # [R, nb]
-        values = records[:, :, 16:].view(np.int8).reshape(len(rows), nb, 8, 8, 4)    # [R, nb, j, r, i]
-        values = values[np.arange(len(rows)), :, :, lane]                            # [R, nb, j, i]
-        return (values.reshape(len(rows), nb, BLOCK) * scales[..., None].astype(np.float32)).reshape(
-            len(rows), self.shape[1]).astype(np.float32)
-
-
-def pack(tensor: QuantizedTensor) -> PackedWeight:
-    """GGUF Q8_0 / Q4_1 rows -> the interleaved layout of cpu/matmul_q.c."""
-    rows, cols = tensor.shape
-    groups, nb = -(-rows // ROWS_PER_GROUP), cols // BLOCK
-    block_bytes = {"Q8_0": 34, "Q4_1": 20}[tensor.qtype]
-    blocks = np.zeros((groups * ROWS_PER_GROUP, nb, block_bytes), np.uint8)
-    blocks[:rows] = tensor.data.reshape(rows, nb, block_bytes)
-    blocks = blocks.reshape(groups, ROWS_PER_GROUP, nb, block_bytes).transpose(0, 2, 1, 3)  # [G, nb, 8, B]
-    scales = [blocks[..., :2].reshape(groups, nb, 16)]
-    if tensor.qtype == "Q4_1":
-        scales.append(blocks[..., 2:4].reshape(groups, nb, 16))
-        nibbles = blocks[..., 4:]
-        values = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)          # [G, nb, 8, 32]
-        # [G, nb, r, c, half, i] -> chunk c, byte 4r+i: low nibble half 0, high nibble half 1
-        values = values.reshape(groups, nb, 8, 4, 2, 4).transpose(0, 1, 3, 4, 2, 5)
-        packed = (values[..., 0, :, :] | (values[..., 1, :, :] << 4)).reshape(groups, nb, 128)
-    else:
-        values = blocks[..., 2:].reshape(groups, nb, 8, 8, 4).transpose(0, 1, 3, 2, 4)  # [G,nb,j,r,i]
-        packed = values.reshape(groups, nb, 256)
-    data = np.concatenate([*scales, packed], axis=-1).reshape(groups, -1)
-    return PackedWeight(tensor.qtype, np.ascontiguousarray(data), tensor.shape)
-
-
-def _unpack(weight: PackedWeight) -> np.ndarray:
-    rows, cols = weight.shape
-    groups, nb = weight.data.shape[0], cols // BLOCK
-    if weight.qtype == "Q4_1":
-        record = weight.data.reshape(groups, nb, 160)
-        d, m = record[..., :16], record[..., 16:32]
-        chunks = record[..., 32:].reshape(groups, nb, 4, 8, 4)                      # [G, nb, c, r, i]
-        values = np.stack([chunks & 0x0F, chunks >> 4], axis=3)                    # [G, nb, c, half, r, i]
-        values = values.transpose(0, 1, 4, 2, 3, 5).reshape(groups, nb, 8, 32)     # [G, nb, r, k]
-        nibbles = values[..., :16] | (values[..., 16:] << 4)
-        blocks = np.concatenate([d.reshape(groups, nb, 8, 2), m.reshape(groups, nb, 8, 2), nibbles], -1)
-    else:
-        record = weight.data.reshape(groups, nb, 272)
-        d = record[..., :16].reshape(groups, nb, 8, 2)
-        values = record[..., 16:].reshape(groups, nb, 8, 8, 4).transpose(0, 1, 3, 2, 4)  # [G,nb,r,j,i]
-        blocks = np.concatenate([d, values.reshape(groups, nb, 8, 32)], -1)
-    blocks = blocks.transpose(0, 2, 1, 3).reshape(groups * 8, -1)
-    return np.ascontiguousarray(blocks[:rows])
-
-
-def to_kernel_format(tensor: QuantizedTensor) -> PackedWeight:
-    """The tensor as the kernels read it: packed as is, repacked (Q4_0), or requantized to Q8_0."""
-    if tensor.qtype not in KERNEL_FORMATS:
-        tensor = q4_0_as_q4_1(tensor) if tensor.qtype == "Q4_0" else quantize_q8_0(tensor.dequantize())
-    return pack(tensor)
+    def dequantize(self) -> np.ndarray:
+        return np.concatenate([p.dequantize() for p in self.parts])
 
 
 def concat_rows(parts: list[QuantizedTensor]) -> QuantizedTensor:

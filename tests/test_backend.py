@@ -24,6 +24,13 @@ def test_auto_falls_back_to_numpy_without_a_device(monkeypatch):
     assert backend.get_backend_name() == expected
 
 
+def test_no_driver_means_numpy_without_importing_cupy(monkeypatch):
+    monkeypatch.delenv("EMBER_BACKEND", raising=False)
+    monkeypatch.setattr(backend, "nvidia_driver_visible", lambda: False)
+    monkeypatch.setattr(backend, "_cupy_or_reason", lambda: pytest.fail("CuPy probed without a driver"))
+    assert backend.get_backend_name() == "numpy"
+
+
 def test_forcing_cupy_without_a_device_is_a_clear_error(monkeypatch):
     if backend._cupy_or_reason()[0] is not None:
         pytest.skip("a CUDA device is usable here")

@@ -68,12 +68,12 @@ def _longest_fixture_prompt() -> list[int]:
 
 @pytest.mark.parametrize("kv_cache_dtype", ["float16", "float32"])
 def test_gemma3_fused_layers_give_the_op_by_op_logprobs(gemma3, kv_cache_dtype):
-    """quantization="q8_0": with "auto" this file's layers fuse q (Q5_0) with v (Q8_0 in half the
-    layers) into a float qkv, which the fused layer does not take."""
+    """The default path: the file's Q5_0 / Q4_K / Q6_K matrices in their own blocks (half the
+    layers' qkv stack Q5_0 q, k with a Q8_0 v)."""
     long_prompt = _longest_fixture_prompt()
     assert len(long_prompt) > gemma3.config.sliding_window + 100   # decodes and chunks past the window
     _fused_against_op_by_op(
-        lambda: LLM(gemma3, quantization="q8_0", kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=64,
+        lambda: LLM(gemma3, kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=64,
                     max_model_len=1024, kv_cache_memory=64 << 20, enable_prefix_caching=False),
         [long_prompt, *PROMPTS[:2]], atol=1e-4)
 

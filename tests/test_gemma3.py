@@ -19,7 +19,10 @@ FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "gemma3_teacher_fo
 REFERENCE = json.load(open(FIXTURE, encoding="utf-8"))
 PROMPTS = {p["name"]: p for p in REFERENCE["prompts"]}
 WINDOW = 512
-MIN_AGREEMENT, MAX_KL = 0.95, 0.05            # the default (quantized) path, per prompt
+# The default (quantized) path, per prompt. With its Q5_0 / Q4_K / Q6_K matrices served in their
+# own blocks the worst position's KL is 2.9e-3 (top-1 99.2% over the 949 positions); requantized
+# to Q8_0, as they were before, it was 1.2e-2 (99.05%): 0.01 holds the native kernels to that gain.
+MIN_AGREEMENT, MAX_KL = 0.95, 0.01
 NONE_MIN_AGREEMENT, NONE_MAX_LOGPROB_ERROR = 0.99, 1e-3   # quantization="none": fp32 throughout
 
 

@@ -1,6 +1,6 @@
-"""A GGUF whose matrices are in a type the kernels do not read (here Q5_1, written from the
-default model) loads through the public API with its matrices requantized to Q8_0, and computes
-close to the same file dequantized to fp32."""
+"""A GGUF in another block format than the default model's (here Q5_1, written from it) loads
+through the public API with its matrices served in their own blocks, and computes close to the
+same file dequantized to fp32."""
 import os
 import sys
 
@@ -9,7 +9,7 @@ import pytest
 
 from ember_cupy import LLM, SamplingParams
 from ember_cupy.model.loader import default_model_path
-from ember_cupy.quant import PackedWeight
+from ember_cupy.packed_weight import PackedWeight
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 
@@ -39,12 +39,12 @@ def q5_1_gguf(tmp_path_factory):
     return dst
 
 
-def test_q5_1_matrices_are_served_as_q8_0_and_agree_with_fp32(q5_1_gguf):
+def test_q5_1_matrices_are_served_as_q5_1_and_agree_with_fp32(q5_1_gguf):
     prompt = "The quick brown fox jumps over the lazy dog. Then it ran into the forest, where"
     params = SamplingParams(max_tokens=1, prompt_logprobs=1)
     quantized = LLM(q5_1_gguf)
     layer = quantized.engine.runner.model.layers[0]
-    assert all(isinstance(m, PackedWeight) and m.qtype == "Q8_0" for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    assert all(isinstance(m, PackedWeight) and m.qtype == "Q5_1" for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
     ours = quantized.generate(prompt, params)[0].prompt_logprobs
     reference = LLM(q5_1_gguf, quantization="none").generate(prompt, params)[0].prompt_logprobs
     agree = [o.top[0][0] == r.top[0][0] for o, r in zip(ours[1:], reference[1:])]

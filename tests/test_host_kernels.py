@@ -9,8 +9,9 @@ from gguf.quants import quantize
 
 from ember_cupy.ops import _host
 from ember_cupy.ops.linear import matmul_q, matmul_q_numpy
-from ember_cupy.quant import (ActivationQuantization, QuantizedTensor, fake_quantize_activations, q4_0_as_q4_1,
-                              to_kernel_format)
+from ember_cupy.ops.pack import pack_host
+from ember_cupy.packed_weight import LAYOUTS, StackedWeight, pack, to_kernel_format
+from ember_cupy.quant import ActivationQuantization, QuantizedTensor, fake_quantize_activations
 
 RUNNABLE = [isa for isa in _host.ISA_FLAGS if isa == "portable" or isa in _host.supported_isas()]
 
@@ -21,7 +22,8 @@ def library(request):
 
 
 # K-quant blocks (gguf cannot quantize them): random bytes with sane f16 scales at these offsets
-_K_QUANT_SCALES = {"Q4_K": (144, (0, 2)), "Q6_K": (210, (208,))}
+_K_QUANT_SCALES = {"Q4_K": (144, (0, 2)), "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,))}
+FORMATS = list(LAYOUTS)
 
 
 def _raw_k_quant(rng, qtype, rows, cols):
@@ -32,12 +34,14 @@ def _raw_k_quant(rng, qtype, rows, cols):
     return blocks.reshape(rows, -1)
 
 
-def _weight(rng, qtype, rows, cols):
+def _weight_data(rng, qtype, rows, cols):
     if qtype in _K_QUANT_SCALES:
-        data = _raw_k_quant(rng, qtype, rows, cols)
-    else:
-        data = quantize(rng.standard_normal((rows, cols)).astype(np.float32) * 0.1, QT[qtype])
-    return to_kernel_format(QuantizedTensor(qtype, data, (rows, cols)))
+        return _raw_k_quant(rng, qtype, rows, cols)
+    return quantize(rng.standard_normal((rows, cols)).astype(np.float32) * 0.1, QT[qtype])
+
+
+def _weight(rng, qtype, rows, cols):
+    return to_kernel_format(QuantizedTensor(qtype, _weight_data(rng, qtype, rows, cols), (rows, cols)))
 
 
 def test_the_library_reports_the_path_it_was_built_for(library):
@@ -90,7 +94,7 @@ def test_activation_quantization_is_bitwise_the_twins(library):
     np.testing.assert_allclose(s, d * q.reshape(5, 3, 32).sum(-1), rtol=1e-6)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "Q4_0", "Q5_0", "Q5_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", FORMATS)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 33])
 def test_matmul_equals_the_numpy_twin(library, qtype, rows):
     rng = np.random.default_rng(rows)
@@ -186,22 +190,71 @@ def test_the_avx512_paths_are_the_avx2_path_bit_for_bit(isa, qtype, passes, rows
     np.testing.assert_array_equal(matmul_q(x, weight, wide, scheme), matmul_q(x, weight, narrow, scheme))
 
 
-@pytest.mark.parametrize("qtype", ["Q5_0", "Q4_K", "Q6_K"])
-def test_other_formats_are_requantized_to_q8_0(qtype):
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_every_format_is_served_in_its_own_blocks(qtype):
+    """Packed as stored (the bytes a GGUF row holds; K-quants +4 per 256 for whole-byte scales),
+    and the packed rows dequantize to what gguf's reference dequantizer gives, bit for bit."""
     rng = np.random.default_rng(6)
-    source = QuantizedTensor(qtype, _raw_k_quant(rng, qtype, 4, 256) if qtype in _K_QUANT_SCALES
-                             else quantize(rng.standard_normal((4, 256)).astype(np.float32), QT[qtype]), (4, 256))
+    source = QuantizedTensor(qtype, _weight_data(rng, qtype, 13, 512), (13, 512))
+    served = to_kernel_format(source)
+    assert served.qtype == qtype
+    extra = 4 * 512 // 256 if qtype in ("Q4_K", "Q5_K") else 0
+    assert served.nbytes == 16 * (source.data.shape[1] + extra)            # 13 rows padded to 16
+    np.testing.assert_array_equal(served.dequantize(), source.dequantize())
+    rows = np.array([12, 0, 7, 7, 8])
+    np.testing.assert_array_equal(served.dequantize(rows), source.dequantize()[rows])
+
+
+def test_a_format_without_a_kernel_is_requantized_to_q8_0():
+    rng = np.random.default_rng(6)
+    blocks = rng.integers(0, 256, (4, 8, 18), dtype=np.uint8)              # IQ4_NL: f16 d, 16 bytes
+    blocks[..., :2] = np.array([0.01], np.float16).view(np.uint8)
+    source = QuantizedTensor("IQ4_NL", blocks.reshape(4, -1), (4, 256))
     served = to_kernel_format(source)
     assert served.qtype == "Q8_0"
     reference = source.dequantize()
     assert np.abs(served.dequantize() - reference).max() <= np.abs(reference).max() / 127
 
 
-def test_q4_0_repacked_as_q4_1_is_exact():
-    rng = np.random.default_rng(5)
-    w = rng.standard_normal((8, 64)).astype(np.float32)
-    q4_0 = QuantizedTensor("Q4_0", quantize(w, QT.Q4_0), w.shape)
-    np.testing.assert_array_equal(q4_0_as_q4_1(q4_0).dequantize(), q4_0.dequantize())
+@pytest.mark.parametrize("rows", [1, 3, 11, 40])
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_every_isa_path_is_the_portable_path_bit_for_bit(qtype, passes, rows):
+    """Exact integer sums and the same float steps (fused multiply-adds) on every path; AMX from 8
+    int8 rows. 37 weight rows: a lone group beside the pairs; a zero block of x."""
+    rng = np.random.default_rng(rows)
+    weight = _weight(rng, qtype, 37, 512)
+    x = rng.standard_normal((rows, 512)).astype(np.float32) * rng.uniform(0.1, 9, (1, 512)).astype(np.float32)
+    x[rows // 2, 32:64] = 0.0
+    scheme = ActivationQuantization(passes, 0.5)
+    portable = matmul_q(x, weight, _host.load_library("portable"), scheme)
+    for isa in RUNNABLE:
+        np.testing.assert_array_equal(matmul_q(x, weight, _host.load_library(isa), scheme), portable, err_msg=isa)
+
+
+@pytest.mark.parametrize("rows", [1, 8, 13, 40])
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_the_pack_kernel_writes_the_twins_bytes(library, qtype, rows):
+    """cpu/pack.c against packed_weight.pack, from a strided view of the file's rows too."""
+    rng = np.random.default_rng(rows)
+    data = _weight_data(rng, qtype, rows, 512)
+    source = QuantizedTensor(qtype, data, (rows, 512))
+    twin = pack(source)
+    np.testing.assert_array_equal(pack_host(source, library).data, twin.data)
+    wide = np.concatenate([data, np.zeros((rows, 7), np.uint8)], axis=1)[:, :data.shape[1]]
+    np.testing.assert_array_equal(pack_host(QuantizedTensor(qtype, wide, (rows, 512)), library).data, twin.data)
+
+
+def test_a_stacked_weight_is_its_parts_side_by_side(library):
+    """q/k/v of a K-quant file in three formats: one call, x quantized once, each part's columns
+    the bits of that part alone."""
+    rng = np.random.default_rng(9)
+    parts = [_weight(rng, "Q4_K", 20, 256), _weight(rng, "Q6_K", 9, 256), _weight(rng, "Q8_0", 16, 256)]
+    stacked = StackedWeight(tuple(parts))
+    x = rng.standard_normal((10, 256)).astype(np.float32)
+    together = matmul_q(x, stacked, library)
+    np.testing.assert_array_equal(together, np.concatenate([matmul_q(x, p, library) for p in parts], axis=1))
+    np.testing.assert_allclose(together, matmul_q_numpy(x, stacked), rtol=2e-5, atol=2e-5 * np.abs(together).max())
 
 
 def test_bad_arguments_are_refused(library):
@@ -209,6 +262,11 @@ def test_bad_arguments_are_refused(library):
     out = np.zeros(4, np.float32)
     status = library.lib.ember_matmul_q(x.ctypes.data, 1, 40, 40, ctypes.c_void_p(0), 4, 1, out.ctypes.data, 4, 1, 0.0)
     assert status == -1                               # K not a multiple of 32
+    x = np.zeros((1, 96), np.float32)
+    status = library.lib.ember_matmul_q(x.ctypes.data, 1, 96, 96, ctypes.c_void_p(1), 4, 2, out.ctypes.data, 4, 1, 0.0)
+    assert status == -1                               # Q4_K needs a multiple of 256 columns
+    status = library.lib.ember_matmul_q(x.ctypes.data, 1, 96, 96, ctypes.c_void_p(1), 4, 8, out.ctypes.data, 4, 1, 0.0)
+    assert status == -1                               # no such format
     with pytest.raises(ValueError, match="does not match"):
         matmul_q(np.zeros((1, 64), np.float32), _weight(np.random.default_rng(0), "Q8_0", 4, 96), library)
 

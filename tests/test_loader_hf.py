@@ -68,7 +68,7 @@ def test_missing_file_is_named(tmp_path, missing):
 def test_float_checkpoint_served_as_q8_0_stays_close_to_the_reference(tmp_path, dtype):
     """--quantization q8_0 quantizes a float checkpoint at load: every matrix becomes Q8_0 blocks
     and the logprobs stay within quantization error of the dense float64 reference."""
-    from ember_cupy.quant import PackedWeight
+    from ember_cupy.packed_weight import PackedWeight
     weights = write_tiny_checkpoint(tmp_path, dtype=dtype, heads=4, kv_heads=2)
     config = json.load(open(tmp_path / "config.json"))
     llm = LLM(str(tmp_path), quantization="q8_0")

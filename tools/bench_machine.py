@@ -1,7 +1,8 @@
-"""The machine under a benchmark: whether its CPU is idle, the server processes being measured,
-and their resident memory (tools/bench_vs_llamacpp.py)."""
+"""The machine under a benchmark: whether its CPU is idle, its memory read bandwidth, the server
+processes being measured, and their resident memory (tools/bench_vs_llamacpp.py, bench_models.py)."""
 
 import glob
+import math
 import os
 import platform
 import re
@@ -42,6 +43,28 @@ def wait_for_idle(threshold: float, timeout: float) -> dict:
                     "waited_s": round(waited, 1), "loadavg1": round(os.getloadavg()[0], 2)}
 
 
+# ---------------------------------------------------------------- memory read bandwidth
+
+def read_bandwidth(size_bytes: int = 2**30, repeats: int = 5, threads: int = 2) -> dict:
+    """A STREAM-like read probe: the best of `repeats` NumPy sums over a `size_bytes` float64
+    array split among `threads` threads (NumPy releases the GIL in the reduction), in bytes/s."""
+    import numpy as np
+    data = np.ones(size_bytes // 8)
+    parts = np.array_split(data, threads)
+    best = math.inf
+    for _ in range(repeats):
+        workers = [threading.Thread(target=np.sum, args=(part,)) for part in parts]
+        t0 = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = min(best, time.perf_counter() - t0)
+    return {"bytes_per_s": data.nbytes / best, "gb_per_s": round(data.nbytes / best / 1e9, 2),
+            "array_bytes": data.nbytes, "repeats": repeats, "threads": threads,
+            "method": "best of NumPy float64 sums over threads"}
+
+
 # ---------------------------------------------------------------- servers
 
 def free_port() -> int:
@@ -56,6 +79,7 @@ class Server:
     def __init__(self, name: str, argv: list[str], env: dict, port: int, log: Path):
         self.name, self.argv, self.env, self.port, self.log = name, argv, env, port, log
         self.url, self.proc = f"http://127.0.0.1:{port}", None
+        self.load_s = None    # seconds from start() to the first healthy /health
 
     def command(self) -> str:
         """The exact command line, with the environment it adds."""
@@ -67,7 +91,8 @@ class Server:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(self.argv, env={**os.environ, **self.env}, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited ({self.proc.returncode}); see {self.log}:\n"
@@ -75,10 +100,11 @@ class Server:
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
                     if resp.status == 200:
+                        self.load_s = round(time.monotonic() - started, 2)
                         return self
             except OSError:
                 pass
-            time.sleep(0.5)
+            time.sleep(0.1)
         self.stop()
         raise RuntimeError(f"{self.name} not ready after {timeout:.0f}s; see {self.log}")
 

@@ -289,6 +289,7 @@ def run_workload(w: Workload, peers: dict, args, count=None) -> dict:
             "max_prompt_tokens": tokens, "slot_context": w.slot_context(tokens),
             "server_slot_context": slot_ctx,
             "commands": {s.name: s.command() for s in servers}, "runs": runs,
+            "load_s": {s.name: s.load_s for s in servers},
             "median": {name: median_summary(r) for name, r in runs.items()}}
 
 
@@ -298,17 +299,30 @@ def single_stream_setup(args) -> tuple[Workload, Workload]:
             Workload("single-prefill", 1, n, plen, plen, 1))
 
 
-def single_stream(peers: dict, args, count=None) -> dict:
+def server_info(server: Server) -> dict | None:
+    """What the server says about itself on GET /version (ember-cupy: backend, host-kernel ISA
+    and threads, weights as served); None where there is no such route (llama-server)."""
+    try:
+        with urllib.request.urlopen(server.url + "/version", timeout=10) as resp:
+            info = json.load(resp)
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def single_stream(peers: dict, args, count=None, setup: tuple[Workload, Workload] | None = None) -> dict:
     """Decode TPOT on 32-token prompts x 128 tokens, and prefill tok/s = prompt tokens / TTFT on
-    512-token prompts x 1 token, one request at a time (-np 1); medians over the requests."""
-    decode, prefill = single_stream_setup(args)
+    512-token prompts x 1 token, one request at a time (-np 1); medians over the requests.
+    `setup`: other (decode, prefill) workloads (tools/bench_models.py)."""
+    decode, prefill = setup or single_stream_setup(args)
     n, plen = prefill.num_requests, prefill.prompt_max
     tokens = max(max_prompt_tokens(decode, [args.seed], count) or 0,
                  max_prompt_tokens(prefill, [args.seed + 1], count) or 0) or None
     out = {}
-    for s in make_servers(peers, Workload("single", 1, 1, 512, 512, 128), args, tokens):
+    for s in make_servers(peers, Workload("single", 1, 1, plen, plen, decode.max_tokens), args, tokens):
         try:
             s.start()
+            info = server_info(s)
             warm_up(s)
             dec, _ = measure(s, decode, args.seed, args)
             pre, results = measure(s, prefill, args.seed + 1, args)
@@ -319,6 +333,7 @@ def single_stream(peers: dict, args, count=None) -> dict:
         out[s.name] = {"decode_tpot_ms": tpot, "decode_tok_per_s": 1000 / tpot if tpot else None,
                        "prefill_tok_per_s": statistics.median(rates) if rates else None,
                        "prefill_ttft_ms": pre["ttft_ms"]["p50"], "command": s.command(),
+                       "load_s": s.load_s, "server_info": info,
                        "setup": {"requests": n, "decode_prompt": decode.prompt_max,
                                  "decode_tokens": decode.max_tokens, "prefill_prompt": plen},
                        "idle": [dec["idle"], pre["idle"]], "failed": dec["failed"] + pre["failed"],
@@ -423,23 +438,11 @@ def default_model() -> str | None:
     return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=default_model(), help="GGUF for all servers (default: SmolLM2 Q4_1)")
+def add_measurement_arguments(ap) -> None:
+    """The flags of how servers are started and measured, shared with tools/bench_models.py."""
     ap.add_argument("--llama-server", default=None, help="binary (default: find or build, tools/llamacpp.py)")
-    ap.add_argument("--peers", default="q4_1",
-                    help="comma list of llama.cpp peers: q4_1 (the GGUF as is), f32 (an fp32 copy)")
-    ap.add_argument("--no-fp32", action="store_true", help=argparse.SUPPRESS)  # old flag: drop f32
-    ap.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, 4 tiny workloads")
-    ap.add_argument("--single-stream", action="store_true", help="only the single-stream measurement")
-    ap.add_argument("--no-single-stream", action="store_true")
-    ap.add_argument("--workloads", default=None,
-                    help="comma list of single-stream, c1, c4, c16, c16-sampled, c32, poisson, decode-c16, "
-                         "shared-prefix-c16 (default: all; single-stream runs only if listed)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--estimate-only", action="store_true", help="print the expected duration and exit")
     ap.add_argument("--rss-interval", type=float, default=0.25, help="s between VmRSS samples")
-    ap.add_argument("--poisson-rate", type=float, default=0.6, help="req/s for the Poisson workload")
     ap.add_argument("--max-seconds", type=float, default=150.0, help="stop sending after this, per run")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--idle-threshold", type=float, default=0.9)
@@ -451,9 +454,26 @@ def parse_args(argv=None):
                     help="ember-cupy's KV pool: llama = as many tokens as llama-server's -c (equal capacity), "
                          "default = ember-cupy's own budget")
     ap.add_argument("--llama-args", default="", help='extra llama-server flags, one string: --llama-args="..."')
+    ap.add_argument("--log-dir", default="/tmp/ember-bench-logs")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=default_model(), help="GGUF for all servers (default: SmolLM2 Q4_1)")
+    ap.add_argument("--peers", default="q4_1",
+                    help="comma list of llama.cpp peers: q4_1 (the GGUF as is), f32 (an fp32 copy)")
+    ap.add_argument("--no-fp32", action="store_true", help=argparse.SUPPRESS)  # old flag: drop f32
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, 4 tiny workloads")
+    ap.add_argument("--single-stream", action="store_true", help="only the single-stream measurement")
+    ap.add_argument("--no-single-stream", action="store_true")
+    ap.add_argument("--workloads", default=None,
+                    help="comma list of single-stream, c1, c4, c16, c16-sampled, c32, poisson, decode-c16, "
+                         "shared-prefix-c16 (default: all; single-stream runs only if listed)")
+    ap.add_argument("--estimate-only", action="store_true", help="print the expected duration and exit")
+    ap.add_argument("--poisson-rate", type=float, default=0.6, help="req/s for the Poisson workload")
+    add_measurement_arguments(ap)
     ap.add_argument("--markdown", default=str(ROOT / "BENCHMARKS.md"))
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks"), help="results.json and plots")
-    ap.add_argument("--log-dir", default="/tmp/ember-bench-logs")
     args = ap.parse_args(argv)
     if args.quick:
         args.repeats, args.idle_timeout = 1, min(args.idle_timeout, 5.0)

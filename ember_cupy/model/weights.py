@@ -1,12 +1,14 @@
 """Weights in the format the model computes with, by `EngineConfig.quantization`:
 
-  auto  served as stored: GGUF Q8_0 / Q4_1 blocks as they are, Q4_0 repacked as Q4_1, other GGUF
-        types (K-quants, Q5_x, ...) requantized to Q8_0; float tensors stay float;
+  auto  served as stored: every GGUF type with a host kernel (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+        Q5_K, Q6_K) in its own blocks, a matrix whose parts differ in format (q/k/v, gate/up) as
+        a StackedWeight of its parts; other GGUF types requantized to Q8_0; float tensors stay float;
   none  everything dequantized to float (the exact reference mode);
   q8_0  every matrix quantized to Q8_0 (fp16/bf16/fp32 checkpoints too).
 
 On a device (xp is not NumPy) the CUDA kernels (cuda/matmul_q.cu) serve Q8_0, Q4_0 and Q4_1 as
-stored, on the device; with auto, other GGUF types are dequantized to the device dtype instead.
+stored, on the device; with auto, other GGUF types (and stacks) are dequantized to the device
+dtype instead.
 
 A float linear weight is stored [in, out] (`x @ W`), a quantized one [out, in] as GGUF rows.
 """
@@ -14,26 +16,33 @@ from __future__ import annotations
 
 import numpy as np
 
-from ember_cupy.quant import (DEVICE_FORMATS, DeviceQuantizedWeight, PackedWeight, QuantizedTensor, quantize_q8_0,
-                              to_device_format, to_kernel_format)
+from ember_cupy.ops.pack import to_kernel_format
+from ember_cupy.packed_weight import PackedWeight, StackedWeight, stack
+from ember_cupy.quant import (DEVICE_FORMATS, DeviceQuantizedWeight, QuantizedStack, QuantizedTensor, quantize_q8_0,
+                              to_device_format)
 
 
-def _quantized(tensor: QuantizedTensor, quantization: str, xp):
-    if quantization == "q8_0" and tensor.qtype != "Q8_0":
+def _quantized(tensor: QuantizedTensor | QuantizedStack, quantization: str, xp):
+    if quantization == "q8_0" and (isinstance(tensor, QuantizedStack) or tensor.qtype != "Q8_0"):
         tensor = quantize_q8_0(tensor.dequantize())
+    if isinstance(tensor, QuantizedStack):
+        return stack([to_kernel_format(part) for part in tensor.parts])
     if xp is not np:
         return to_device_format(tensor, xp.asarray)
     return to_kernel_format(tensor)
 
 
-def _served_as_float(tensor: QuantizedTensor, quantization: str, xp) -> bool:
-    return quantization == "none" or (xp is not np and quantization == "auto" and tensor.qtype not in DEVICE_FORMATS)
+def _served_as_float(tensor: QuantizedTensor | QuantizedStack, quantization: str, xp) -> bool:
+    if quantization == "none":
+        return True
+    on_device_as_float = isinstance(tensor, QuantizedStack) or tensor.qtype not in DEVICE_FORMATS
+    return xp is not np and quantization == "auto" and on_device_as_float
 
 
 def linear_weight(weight, quantization: str, put, xp=np):
-    """A linear layer's weight (float [in, out] or QuantizedTensor [out, in]) in serving format;
-    `put` moves a float array to the backend in its dtype, `xp` is the backend."""
-    if isinstance(weight, QuantizedTensor):
+    """A linear layer's weight (float [in, out], or QuantizedTensor / QuantizedStack [out, in]) in
+    serving format; `put` moves a float array to the backend in its dtype, `xp` is the backend."""
+    if isinstance(weight, (QuantizedTensor, QuantizedStack)):
         if _served_as_float(weight, quantization, xp):
             return put(weight.dequantize().T)
         return _quantized(weight, quantization, xp)
@@ -54,4 +63,4 @@ def vocab_matrix(weight, quantization: str, put, xp=np):
 
 
 def is_quantized(weight) -> bool:
-    return isinstance(weight, (PackedWeight, DeviceQuantizedWeight))
+    return isinstance(weight, (PackedWeight, StackedWeight, DeviceQuantizedWeight))

@@ -11,15 +11,17 @@ import numpy as np
 
 from ember_cupy.ops import _host
 from ember_cupy.ops.attention import HOST_CACHE_DTYPES
-from ember_cupy.quant import ActivationQuantization, PackedWeight
+from ember_cupy.ops.linear import weight_parts
+from ember_cupy.packed_weight import PackedWeight, StackedWeight
+from ember_cupy.quant import ActivationQuantization
 
 _P, _I32, _I64, _F = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float
 
 
 class LayerWeightsArgs(ctypes.Structure):
     _fields_ = [("attn_norm", _P), ("ffn_norm", _P), ("qkv_bias", _P), ("qkv", _P), ("o", _P),
-                ("gate_up", _P), ("down", _P), ("qkv_type", _I32), ("o_type", _I32),
-                ("gate_up_type", _I32), ("down_type", _I32), ("k_cache", _P), ("v_cache", _P),
+                ("gate_up", _P), ("down", _P), ("qkv_parts", _I32), ("o_parts", _I32),
+                ("gate_up_parts", _I32), ("down_parts", _I32), ("k_cache", _P), ("v_cache", _P),
                 ("q_norm", _P), ("k_norm", _P), ("post_attn_norm", _P), ("post_ffn_norm", _P),
                 ("window", _I32)]
 
@@ -53,15 +55,18 @@ def layer_args(layer, k_cache: np.ndarray, v_cache: np.ndarray, window: int = 0,
     if family_norms is None:
         return None
     floats = [layer.attn_norm, layer.ffn_norm] + [a for a in (layer.qkv_bias, *family_norms) if a is not None]
-    if not all(isinstance(m, PackedWeight) for m in matrices) or not _host.rows_f32(*floats):
+    if not all(isinstance(m, (PackedWeight, StackedWeight)) for m in matrices) or not _host.rows_f32(*floats):
         return None
     if k_cache.dtype not in HOST_CACHE_DTYPES or not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
         return None
-    return LayerWeightsArgs(
+    parts = [weight_parts(m) for m in matrices]
+    args = LayerWeightsArgs(
         layer.attn_norm.ctypes.data, layer.ffn_norm.ctypes.data, _address(layer.qkv_bias),
-        *(m.data.ctypes.data for m in matrices), *(m.kernel_type for m in matrices),
+        *(ctypes.addressof(p) for p in parts), *(len(p) for p in parts),
         k_cache.ctypes.data, v_cache.ctypes.data,
         *(_address(a) for a in family_norms), int(window))
+    args.parts = parts          # the part arrays the struct points into live as long as it does
+    return args
 
 
 def _family_norms(layer, sandwich: bool) -> tuple | None:

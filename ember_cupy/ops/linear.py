@@ -2,9 +2,9 @@
 kept in its GGUF blocks.
 
 `matmul_q` dispatches on the weight's form, one signature for all:
-- `PackedWeight` (host): the host kernel (cpu/matmul_q.c) or its NumPy twin `matmul_q_numpy`
-  (x quantized to int8 blocks per call, integer dot products; the twin: fake-quantized x @
-  dequantized W, the same arithmetic in real numbers);
+- `PackedWeight` / `StackedWeight` (host): the host kernel (cpu/matmul_q.c: x quantized to int8
+  blocks once per call, integer dot products against each part in its own format) or its NumPy
+  twin `matmul_q_numpy` (fake-quantized x @ dequantized W, the same arithmetic in real numbers);
 - `DeviceQuantizedWeight` (CUDA): weight-only, x stays in its float dtype; cuda/matmul_q.cu or its
   NumPy twin `matmul_q_cuda_numpy` (x @ dequantized W^T in fp32).
 For up to GEMV_MAX_ROWS rows the GEMV kernel reads W once per 4 rows of x; above, W is
@@ -16,12 +16,14 @@ read back), ~0.96 ps per weight whatever M. A tiled tensor-core kernel would bea
 """
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
 from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops._kernel import array_module, i32, kernel
-from ember_cupy.quant import (ONE_PASS, ActivationQuantization, DeviceQuantizedWeight, PackedWeight,
-                              QuantizedTensor, fake_quantize_activations)
+from ember_cupy.packed_weight import PackedWeight, StackedWeight
+from ember_cupy.quant import ONE_PASS, ActivationQuantization, DeviceQuantizedWeight, QuantizedTensor, fake_quantize_activations
 
 GEMV_MAX_ROWS = 8
 GEMV_ROWS_PER_BLOCK = 8          # weight rows per block of the GEMV (cuda/matmul_q.cu kRowsPerBlock)
@@ -30,9 +32,25 @@ SCRATCH_BYTES = 64 << 20         # dequantized slice of W in the large-M path
 _FORMAT_NAMES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
 
 
+class WeightPart(ctypes.Structure):
+    """cpu/matmul_q.h EmberWeightPart: rows of a matrix in one packed format."""
+    _fields_ = [("w", ctypes.c_void_p), ("rows", ctypes.c_int64), ("wtype", ctypes.c_int32)]
+
+
+def weight_parts(weight: PackedWeight | StackedWeight) -> ctypes.Array:
+    """The kernel's view of a host weight (it points into the weight's arrays: keep both alive)."""
+    return (WeightPart * len(weight.parts))(*(WeightPart(p.data.ctypes.data, p.shape[0], p.kernel_type)
+                                               for p in weight.parts))
+
+
+_host.register_signature("ember_matmul_parts", [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                                ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64,
+                                                ctypes.c_int32, ctypes.c_float], ctypes.c_int)
+
+
 def linear(x, weight, activations: ActivationQuantization = ONE_PASS):
     """x [T, in] -> [T, out]; `activations`: how x is quantized for a host-quantized weight."""
-    if isinstance(weight, (PackedWeight, DeviceQuantizedWeight)):
+    if isinstance(weight, (PackedWeight, StackedWeight, DeviceQuantizedWeight)):
         return matmul_q(x, weight, activations=activations)
     return x @ weight
 
@@ -68,15 +86,17 @@ def matmul_q(x, weight, library=None, activations: ActivationQuantization = ONE_
         x = np.ascontiguousarray(x, dtype=np.float32)
     rows, cols = weight.shape
     out = np.empty((x.shape[0], rows), dtype=np.float32)
-    status = library.lib.ember_matmul_q(
-        x.ctypes.data, x.shape[0], cols, x.strides[0] // 4, weight.data.ctypes.data, rows,
-        weight.kernel_type, out.ctypes.data, rows, activations.passes, activations.second_pass_threshold)
+    parts = weight_parts(weight)
+    status = library.lib.ember_matmul_parts(
+        x.ctypes.data, x.shape[0], cols, x.strides[0] // 4, ctypes.addressof(parts), len(parts), out.ctypes.data,
+        rows, activations.passes, activations.second_pass_threshold)
     if status:
-        raise RuntimeError(f"ember_matmul_q failed with status {status}")
+        raise RuntimeError(f"ember_matmul_parts failed with status {status}")
     return out
 
 
-def matmul_q_numpy(x: np.ndarray, weight: PackedWeight, activations: ActivationQuantization = ONE_PASS) -> np.ndarray:
+def matmul_q_numpy(x: np.ndarray, weight: PackedWeight | StackedWeight,
+                   activations: ActivationQuantization = ONE_PASS) -> np.ndarray:
     """The NumPy twin of the host kernel: the int8 activation blocks, and W as its blocks say."""
     _check(x, weight)
     x = fake_quantize_activations(np.asarray(x, dtype=np.float32), activations)
@@ -164,10 +184,11 @@ def _check_device(x, weight: DeviceQuantizedWeight) -> None:
         raise ValueError(f"matmul_q: x {x.shape} does not match weight {weight.shape}")
 
 
-def _check(x, weight: PackedWeight) -> None:
-    if not isinstance(weight, PackedWeight):
-        raise ValueError(f"matmul_q needs a PackedWeight (quant.to_kernel_format), got {type(weight).__name__}")
+def _check(x, weight: PackedWeight | StackedWeight) -> None:
+    if not isinstance(weight, (PackedWeight, StackedWeight)):
+        raise ValueError(f"matmul_q needs a PackedWeight (packed_weight.to_kernel_format) or a StackedWeight, "
+                         f"got {type(weight).__name__}")
     if x.ndim != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"matmul_q: x {x.shape} does not match weight {weight.shape}")
-    if not weight.data.flags.c_contiguous:
+    if not all(p.data.flags.c_contiguous for p in weight.parts):
         raise ValueError("matmul_q: weight blocks must be C-contiguous")

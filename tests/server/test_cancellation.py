@@ -102,7 +102,9 @@ def test_non_streaming_client_timeout_aborts(base_url):
     async def run():
         timeout = aiohttp.ClientTimeout(total=1.5)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            body = {"model": MODEL, "prompt": "A very long answer:", "max_tokens": 300, "ignore_eos": True}
+            # 8 x 480 tokens: 480 decode steps of 8 sequences, seconds even on a fast quiet machine
+            # (300 tokens of one sequence finished within the 1.5 s)
+            body = {"model": MODEL, "prompt": "A very long answer:", "max_tokens": 480, "n": 8, "ignore_eos": True}
             try:
                 async with session.post(base_url + "/v1/completions", json=body) as response:
                     await response.read()

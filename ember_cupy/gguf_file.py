@@ -1,0 +1,92 @@
+"""A GGUF file's metadata and tensor table, read in one pass (the format: llama.cpp's
+docs/gguf.md, versions 2 and 3). gguf.GGUFReader builds a NumPy view per value, about a second
+per 100k vocabulary strings; this reads the same values with struct and hands out each tensor's
+bytes as a view of one read-only memmap."""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+_MAGIC = b"GGUF"
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+_NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
+          7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]      # GGUF order: innermost (contiguous) dimension first
+    tensor_type: object         # gguf.GGMLQuantizationType
+    data: np.ndarray            # uint8 view of the tensor's bytes in the file
+
+
+class _Cursor:
+    def __init__(self, buffer):
+        self.buffer, self.offset = buffer, 0
+
+    def unpack(self, fmt: str):
+        value = struct.unpack_from(fmt, self.buffer, self.offset)[0]
+        self.offset += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        length = self.unpack("<Q")
+        start = self.offset
+        self.offset += length
+        return bytes(self.buffer[start:self.offset]).decode("utf-8", errors="replace")
+
+    def value(self, kind: int):
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            item, count = self.unpack("<I"), self.unpack("<Q")
+            if item in _NUMPY:           # numbers: one view, converted to a list as gguf does
+                dtype = np.dtype(_NUMPY[item]).newbyteorder("<")
+                values = np.frombuffer(self.buffer, dtype, count, self.offset)
+                self.offset += values.nbytes
+                return values.tolist()
+            return [self.value(item) for _ in range(count)]
+        if kind not in _SCALARS:
+            raise ValueError(f"GGUF metadata value of unknown type {kind}")
+        return self.unpack(_SCALARS[kind])
+
+
+class GGUFFile:
+    """metadata: key -> decoded value; tensors: TensorInfo in file order."""
+
+    def __init__(self, path: str):
+        from gguf import GGMLQuantizationType, GGML_QUANT_SIZES
+        self.path = path
+        self._map = np.memmap(path, dtype=np.uint8, mode="r")
+        buffer = memoryview(self._map.view(np.ndarray))
+        cursor = _Cursor(buffer)
+        if bytes(buffer[:4]) != _MAGIC:
+            raise ValueError(f"{path} is not a GGUF file")
+        cursor.offset = 4
+        version = cursor.unpack("<I")
+        if version not in (2, 3):
+            raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
+        tensor_count, kv_count = cursor.unpack("<Q"), cursor.unpack("<Q")
+        self.metadata = {}
+        for _ in range(kv_count):
+            key = cursor.string()
+            self.metadata[key] = cursor.value(cursor.unpack("<I"))
+        infos = []
+        for _ in range(tensor_count):
+            name = cursor.string()
+            dims = tuple(cursor.unpack("<Q") for _ in range(cursor.unpack("<I")))
+            infos.append((name, dims, GGMLQuantizationType(cursor.unpack("<I")), cursor.unpack("<Q")))
+        alignment = int(self.metadata.get("general.alignment", 32))
+        start = -(-cursor.offset // alignment) * alignment
+        plain = self._map.view(np.ndarray)
+        self.tensors = []
+        for name, dims, kind, offset in infos:
+            block, block_bytes = GGML_QUANT_SIZES[kind]
+            nbytes = int(np.prod(dims, dtype=np.int64)) // block * block_bytes
+            if start + offset + nbytes > len(plain):
+                raise ValueError(f"{path}: tensor {name} lies beyond the end of the file")
+            self.tensors.append(TensorInfo(name, dims, kind, plain[start + offset:start + offset + nbytes]))

@@ -1,0 +1,37 @@
+"""GGUF matrices packed for the host kernels at load: cpu/pack.c, in parallel over groups of 8
+rows, or its NumPy twin `ember_cupy.packed_weight.pack` (the same bytes; tests/test_host_kernels.py)."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ember_cupy.ops import _host
+from ember_cupy.packed_weight import LAYOUTS, ROWS_PER_GROUP, PackedWeight, check_packable, pack
+from ember_cupy.quant import QuantizedTensor, quantize_q8_0
+
+_host.register_signature("ember_pack_weight", [ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                               ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64], ctypes.c_int)
+
+
+def pack_host(tensor: QuantizedTensor, library) -> PackedWeight:
+    check_packable(tensor)
+    layout = LAYOUTS[tensor.qtype]
+    rows, cols = tensor.shape
+    group_bytes = cols // layout.columns * layout.record_bytes
+    data = np.empty((-(-rows // ROWS_PER_GROUP), group_bytes), np.uint8)
+    source = tensor.data if tensor.data.strides[1] == 1 else np.ascontiguousarray(tensor.data)
+    status = library.lib.ember_pack_weight(layout.code, source.ctypes.data, source.strides[0], rows, cols,
+                                           data.ctypes.data, group_bytes)
+    if status:
+        raise RuntimeError(f"ember_pack_weight failed with status {status}")
+    return PackedWeight(tensor.qtype, data, tuple(tensor.shape))
+
+
+def to_kernel_format(tensor: QuantizedTensor, library=None) -> PackedWeight:
+    """The tensor as the host kernels read it: packed as stored, or (a type without a kernel)
+    requantized to Q8_0 from its dequantized values; packed by the host kernel when one is active."""
+    if tensor.qtype not in LAYOUTS:
+        tensor = quantize_q8_0(tensor.dequantize())
+    library = library or _host.active()
+    return pack(tensor) if library is None else pack_host(tensor, library)
