@@ -11,6 +11,7 @@ Two vocabulary kinds (`tokenizer.ggml.model`):
 """
 from __future__ import annotations
 
+import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -148,14 +149,20 @@ def _sentencepiece(reader, tokens: list[str], types: list[int]) -> HFTokenizer:
 
 def _merges_by_score(tokens, types, scores, vocab) -> list[tuple[str, str]]:
     """Every split of a mergeable piece into two pieces, ranked by the joined piece's score
-    (highest first; ties by id): the order in which llama.cpp's SentencePiece merges them."""
-    mergeable = [i for i, t in enumerate(types) if t in (NORMAL, USER_DEFINED)]
-    ranked = []
-    for i in mergeable:
-        piece = tokens[i]
+    (highest first; ties by id, then by the left piece's id): the order in which llama.cpp's
+    SentencePiece merges them. One pass over the pieces and a NumPy sort: Gemma 3's 262k pieces
+    have 515k splits, and ranking tuples in Python was most of its load time."""
+    owners, lefts, pairs = [], [], []
+    for i, piece in enumerate(tokens):
+        if len(piece) < 2 or types[i] not in (NORMAL, USER_DEFINED):
+            continue
         for cut in range(1, len(piece)):
-            left, right = piece[:cut], piece[cut:]
-            if left in vocab and right in vocab:
-                ranked.append((-scores[i], i, vocab[left], left, right))
-    ranked.sort()
-    return [(left, right) for _, _, _, left, right in ranked]
+            left = vocab.get(piece[:cut])
+            if left is not None and piece[cut:] in vocab:
+                owners.append(i)
+                lefts.append(left)
+                pairs.append((piece[:cut], piece[cut:]))
+    owners = np.asarray(owners, dtype=np.int64)
+    order = np.lexsort((np.asarray(lefts, dtype=np.int64), owners,
+                        -np.asarray(scores, dtype=np.float64)[owners]))
+    return [pairs[k] for k in order.tolist()]

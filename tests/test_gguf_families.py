@@ -79,7 +79,7 @@ def test_rope_freqs_tensor_is_llama3_scaling(tmp_path):
     assert (divisors > 1.001).any()    # the tiny config does scale some frequencies
     path = write_tiny_gguf(tmp_path / "model.gguf", weights, config, rope_freqs=divisors)
     llm = _llm(path)
-    cache = llm.engine.runner.model.cos_sin_cache
+    cache = llm.engine.runner.model.rope.table
     angles = np.arange(len(cache))[:, None] * llama3_inv_freq[None, :]
     np.testing.assert_allclose(cache, np.concatenate([np.cos(angles), np.sin(angles)], -1), atol=1e-5)
     assert_greedy_matches_reference(llm, weights, config)
@@ -113,3 +113,25 @@ def test_unknown_architecture_is_named(tmp_path):
 def test_unknown_pre_tokenizer_is_named(tmp_path, pre):
     with pytest.raises(ValueError, match=f"pre-tokenizer '{pre}'"):
         load_checkpoint(_tiny_gguf(tmp_path, pre=pre))
+
+
+def test_rope_tables_grow_as_positions_need_them(tmp_path, monkeypatch):
+    """Tables start short and double as the context grows (global and local RoPE of Gemma 3):
+    the output still equals the dense reference past every growth."""
+    from ember_cupy.ops import RopeTable
+    monkeypatch.setattr(RopeTable, "INITIAL_ROWS", 4)
+    weights, config = _tiny(tmp_path, **VARIANTS["gemma3-sliding-pattern"])
+    llm = _llm(write_tiny_gguf(tmp_path / "model.gguf", weights, config))
+    model = llm.engine.runner.model
+    assert len(model.rope.table) == len(model.local_rope.table) == 4
+    assert_greedy_matches_reference(llm, weights, config)
+    assert len(model.rope.table) == len(model.local_rope.table) == 32   # 23 positions
+    assert model.rope.table is not model.local_rope.table
+
+
+def test_rope_table_rows_match_the_full_table_up_to_the_context_length():
+    from ember_cupy.ops import RopeTable
+    table = RopeTable(8, 5000, 1e4)
+    assert len(table.table) == RopeTable.INITIAL_ROWS
+    assert len(table.reserve(4097)) == 5000 and len(table.reserve(9000)) == 5000
+    np.testing.assert_array_equal(table.table, rope_cos_sin_cache(8, 5000, 1e4))

@@ -148,6 +148,7 @@ class ModelRunner:
         np.cumsum(query_lens, out=query_start_loc[1:])
         starts = np.array([seq.num_computed_tokens for seq, _ in scheduled], dtype=np.int32)
         context_lens = starts + query_lens
+        self.model.reserve_positions(int(context_lens.max()))
         max_blocks = max(len(seq.block_table) for seq, _ in scheduled)
         block_tables = np.zeros((num_seqs, max_blocks), dtype=np.int32)
         input_ids = np.empty(int(query_start_loc[-1]), dtype=np.int64)

@@ -79,13 +79,12 @@ class LlamaModel:
         self.lm_head = self.embed if cfg.tie_word_embeddings else vocab_matrix(take("lm_head"), quantization, put, xp)
         self.layers = [self._layer(take, checkpoint.weights, i, put, quantization, xp)
                        for i in range(cfg.num_layers)]
-        max_positions = max(cfg.max_position_embeddings, 1)
         freq_factors = checkpoint.weights.get("rope_freqs")   # llama.cpp's llama3 RoPE scaling
-        self.cos_sin_cache = xp.asarray(ops.rope_cos_sin_cache(
-            cfg.head_dim, max_positions, cfg.rope_theta, None if freq_factors is not None else cfg.rope_scaling,
-            freq_factors=freq_factors))
-        self.local_cos_sin_cache = self.cos_sin_cache if cfg.rope_local_theta is None else xp.asarray(
-            ops.rope_cos_sin_cache(cfg.head_dim, max_positions, cfg.rope_local_theta))
+        self.rope = ops.RopeTable(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                  None if freq_factors is not None else cfg.rope_scaling,
+                                  freq_factors=freq_factors, xp=xp)
+        self.local_rope = self.rope if cfg.rope_local_theta is None else ops.RopeTable(
+            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_local_theta, xp=xp)
         self.scale = cfg.attention_scale or cfg.head_dim ** -0.5
         self._fusable = fused_layer_computes(cfg)
 
@@ -117,6 +116,11 @@ class LlamaModel:
                 seen.add(id(tensor))
                 total += int(tensor.nbytes)
         return total
+
+    def reserve_positions(self, positions: int) -> None:
+        """Grow the RoPE tables to cover positions [0, positions) before a step reads them."""
+        self.rope.reserve(positions)
+        self.local_rope.reserve(positions)
 
     def forward(self, input_ids, batch: BatchMetadata, kv_caches: list[tuple]):
         """input_ids [T] -> logits [len(logits_indices), vocab] (float32)."""
@@ -193,8 +197,8 @@ class LlamaModel:
         cfg = self.config
         hidden = np.ascontiguousarray(hidden, dtype=np.float32)
         residual = None if cfg.sandwich_norms else np.empty_like(hidden)
-        step, keep = step_args(cfg, batch, hidden.shape[0], kv_caches[0][0], self.cos_sin_cache,
-                               self.local_cos_sin_cache, self.scale, self.activations)
+        step, keep = step_args(cfg, batch, hidden.shape[0], kv_caches[0][0], self.rope.table,
+                               self.local_rope.table, self.scale, self.activations)
         for index, layer_weights in enumerate(args):
             llama_layer(library, layer_weights, step, hidden, residual, index == 0)
         del keep
@@ -244,7 +248,7 @@ class LlamaModel:
         if layer.q_norm is not None:
             q, k = self._head_norm(q, layer.q_norm), self._head_norm(k, layer.k_norm)
         window = cfg.layer_window(index)
-        cos_sin = self.local_cos_sin_cache if window else self.cos_sin_cache
+        cos_sin = (self.local_rope if window else self.rope).table
         ops.apply_rope(q, k, batch.positions, cos_sin, is_neox=True)
         ops.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         out = ops.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,

@@ -65,6 +65,29 @@ def rope_cos_sin_cache(head_dim: int, max_positions: int, theta: float,
     return np.concatenate([np.cos(angles), np.sin(angles)], axis=-1).astype(np.float32)
 
 
+class RopeTable:
+    """A model's `rope_cos_sin_cache`, grown as positions need it (doubling, up to its context
+    length): Gemma 3's 32k-position tables took 0.4 s of every load and 64 MB that a short
+    context never reads. Row p is the same whatever the table's length."""
+
+    INITIAL_ROWS = 4096
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None = None,
+                 freq_factors=None, xp=np):
+        self.max_positions = max(max_positions, 1)
+        self._build = lambda rows: xp.asarray(rope_cos_sin_cache(head_dim, rows, theta, scaling, freq_factors))
+        self.table = self._build(min(self.INITIAL_ROWS, self.max_positions))
+
+    def reserve(self, positions: int):
+        """Make `table` cover positions [0, positions) (at most the context length); returns it."""
+        rows = len(self.table)
+        if positions > rows and rows < self.max_positions:
+            while rows < positions:
+                rows *= 2
+            self.table = self._build(min(rows, self.max_positions))
+        return self.table
+
+
 def apply_rope(q: np.ndarray, k: np.ndarray, positions: np.ndarray, cos_sin_cache: np.ndarray,
                is_neox: bool = True) -> None:
     """Rotate q [T, Hq, D] and k [T, Hk, D] in place by each token's position [T]."""
