@@ -321,9 +321,14 @@ static inline __attribute__((always_inline)) void group_pair_tile(
 #define AMX_MIN_ROWS 8               /* fewer rows: the 512-bit path is faster */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
-#define TILE_C 0                     /* tile register numbers: literals, for the intrinsics' asm */
-#define TILE_A 1
-#define TILE_B 2
+/* Tile register numbers (literals, for the intrinsics' asm): two sets, so that the tiles of block
+ * b + 1 load and multiply while block b's sums are stored. */
+#define TILE_C0 0
+#define TILE_A0 1
+#define TILE_B0 2
+#define TILE_C1 3
+#define TILE_A1 4
+#define TILE_B1 5
 
 struct tile_config { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; };
 
@@ -347,82 +352,94 @@ static void configure_tiles(void) {           /* per thread: the tile shapes sta
     struct tile_config config;
     memset(&config, 0, sizeof config);
     config.palette = 1;
-    config.rows[TILE_C] = AMX_ROWS; config.colsb[TILE_C] = 2 * ROWS * 4;
-    config.rows[TILE_A] = AMX_ROWS; config.colsb[TILE_A] = QK;
-    config.rows[TILE_B] = QK / 4;   config.colsb[TILE_B] = 2 * ROWS * 4;
+    for (int set = 0; set < 2; set++) {
+        const int c = set ? TILE_C1 : TILE_C0, a = set ? TILE_A1 : TILE_A0, b = set ? TILE_B1 : TILE_B0;
+        config.rows[c] = AMX_ROWS; config.colsb[c] = 2 * ROWS * 4;
+        config.rows[a] = AMX_ROWS; config.colsb[a] = QK;
+        config.rows[b] = QK / 4;   config.colsb[b] = 2 * ROWS * 4;
+    }
     _tile_loadconfig(&config);
     configured = 1;
 }
 
-/* The pair's blocks as tiles B, 512 bytes each: Q4_1's nibbles unpacked (chunk c's low nibbles
- * are k4 = 2c, its high nibbles k4 = 2c + 1), Q8_0's chunks as they are, the other formats'
- * values decoded (V_j is row k4 = j). */
-static void pair_b_tiles(const uint8_t *ga, const uint8_t *gb, int32_t wtype, int64_t nb, uint8_t *tiles) {
+/* A pair of groups as the tiles read it, built once for all its tiles A: each block's tile B (512
+ * bytes: Q4_1's nibbles unpacked, chunk c's low nibbles are k4 = 2c, its high nibbles k4 = 2c + 1;
+ * Q8_0's chunks as they are; the other formats' values decoded, V_j is row k4 = j) and the block's
+ * weight scales dw and mw of the 16 rows (pair_scales), so that the per-tile loop only scales. */
+struct pair_tiles { uint8_t *b; float *dw, *mw; };
+
+static void build_pair_tiles(const uint8_t *ga, const uint8_t *gb, int32_t wtype, int64_t nb,
+                             const struct pair_tiles *t) {
     const int64_t rb = record_bytes(wtype);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *ra = ga + b * rb, *rc = gb + b * rb;
-        __m512i *tile = (__m512i *)(tiles + b * 512);
+        __m512i *tile = (__m512i *)(t->b + b * 512);
+        __m512 dw, mw = _mm512_setzero_ps();
         if (is_unsigned_format(wtype)) {
             __m512i v[8];
             decode_values16(body_of(ga, wtype, b), body_of(gb, wtype, b), FORMATS[wtype].high_bits, v);
             for (int j = 0; j < 8; j++) _mm512_store_si512(tile + j, v[j]);
+            pair_scales(record_of(ga, wtype, b), record_of(gb, wtype, b), wtype, (int)(b % FORMATS[wtype].blocks),
+                        &dw, &mw);
         } else if (wtype == WTYPE_Q4_1) {
             for (int c = 0; c < 4; c++) unpack_q4_chunk(ra, rc, c, tile + 2 * c, tile + 2 * c + 1);
+            dw = load_f16x16(ra, rc);
+            mw = load_f16x16(ra + 16, rc + 16);
         } else {
             for (int j = 0; j < 8; j++) _mm512_store_si512(tile + j, load_pair(ra + 16 + 32 * j, rc + 16 + 32 * j));
+            dw = load_f16x16(ra, rc);
         }
+        _mm512_store_ps(t->dw + 16 * b, dw);
+        _mm512_store_ps(t->mw + 16 * b, mw);
     }
 }
 
-/* Block b's int32 sums of 16 x rows against the pair, into sums (16 rows of 16). */
-static inline void tile_block(int32_t wtype, const uint8_t *tiles, const int8_t *xq, int64_t K, int64_t b,
-                              int32_t sums[AMX_ROWS][2 * ROWS]) {
-    _tile_loadd(TILE_A, xq + b * QK, K);
-    _tile_loadd(TILE_B, tiles + b * 512, 64);
-    _tile_zero(TILE_C);
-    if (wtype == WTYPE_Q8_0) _tile_dpbssd(TILE_C, TILE_A, TILE_B);
-    else _tile_dpbsud(TILE_C, TILE_A, TILE_B);        /* signed x, unsigned values */
-    _tile_stored(TILE_C, sums, 64);
+/* Block b's int32 sums of 16 x rows against the pair, into sums (16 rows of 16); the two tile
+ * sets alternate with b. W a constant. */
+static inline __attribute__((always_inline)) void tile_block(const int32_t W, const uint8_t *tiles,
+                                                             const int8_t *xq, int64_t K, int64_t b,
+                                                             int32_t sums[AMX_ROWS][2 * ROWS]) {
+#define TILE_BLOCK(C, A, B) do { \
+        _tile_loadd(A, xq + b * QK, K); \
+        _tile_loadd(B, tiles + b * 512, 64); \
+        _tile_zero(C); \
+        if (W == WTYPE_Q8_0) _tile_dpbssd(C, A, B); \
+        else _tile_dpbsud(C, A, B);                   /* signed x, unsigned values */ \
+        _tile_stored(C, sums, 64); } while (0)
+    if (b & 1) TILE_BLOCK(TILE_C1, TILE_A1, TILE_B1);
+    else TILE_BLOCK(TILE_C0, TILE_A0, TILE_B0);
+#undef TILE_BLOCK
 }
 
-/* Block b's sums of R rows into acc, with the 512-bit path's float steps. */
-static inline void scale_tile_block(const uint8_t *ga, const uint8_t *gb, int32_t wtype, int64_t nb, int64_t b,
-                                    const int32_t (*block)[2 * ROWS], const float *xd, const float *xs,
-                                    const int32_t *xsum, const int R, __m512 *acc) {
-    if (is_unsigned_format(wtype)) {
-        __m512 dw, mw;
-        pair_scales(record_of(ga, wtype, b), record_of(gb, wtype, b), wtype, (int)(b % FORMATS[wtype].blocks), &dw, &mw);
-        const int32_t offset = FORMATS[wtype].offset;
-        for (int r = 0; r < R; r++) {   /* no skip: a zero block adds +-0 to an acc that is never -0 */
-            __m512i isum = _mm512_load_si512(block[r]);
-            if (offset) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(offset * xsum[r * nb + b]));
-            acc[r] = scale_block16(wtype, acc[r], isum, dw, mw, xd[r * nb + b], xs[r * nb + b]);
-        }
-        return;
-    }
-    const int64_t rb = record_bytes(wtype);
-    const uint8_t *ra = ga + b * rb, *rc = gb + b * rb;
-    const __m512 dw = load_f16x16(ra, rc);
-    const __m512 mw = wtype == WTYPE_Q4_1 ? load_f16x16(ra + 16, rc + 16) : _mm512_setzero_ps();
-    for (int r = 0; r < R; r++) {
-        const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nb + b]));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(block[r])), scale, acc[r]);
-        if (wtype == WTYPE_Q4_1) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[r * nb + b]), acc[r]);
+/* Block b's sums of R rows into acc, with the 512-bit path's float steps (scale_block16; Q4_1
+ * adds its min as Q5_1 does). W a constant. */
+static inline __attribute__((always_inline)) void scale_tile_block(
+        const int32_t W, const int32_t (*sums)[2 * ROWS], __m512 dw, __m512 mw, const float *xd, const float *xs,
+        const int32_t *xsum, int64_t nb, int64_t b, const int R, __m512 *acc) {
+    const int32_t offset = FORMATS[W].offset;
+    for (int r = 0; r < R; r++) {   /* no skip: a zero block adds +-0 to an acc that is never -0 */
+        __m512i isum = _mm512_load_si512(sums[r]);
+        if (offset) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(offset * xsum[r * nb + b]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nb + b])), acc[r]);
+        if (is_k_quant(W)) acc[r] = _mm512_fnmadd_ps(mw, _mm512_set1_ps(xs[r * nb + b]), acc[r]);
+        else if (W == WTYPE_Q5_1 || W == WTYPE_Q4_1) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[r * nb + b]), acc[r]);
     }
 }
 
-/* Up to 16 int8 rows of x (xq holds 16 readable rows) against a pair whose tiles B are built.
- * The tiles compute block b + 1 while the vector units scale block b. */
-static void pair_tile_amx(const uint8_t *ga, const uint8_t *gb, int32_t wtype, int64_t nb, const uint8_t *tiles,
-                          const int8_t *xq, int64_t K, const float *xd, const float *xs, const int32_t *xsum,
-                          const int R, float out_a[][ROWS], float out_b[][ROWS]) {
+/* Up to 16 int8 rows of x (xq holds 16 readable rows) against a pair whose tiles are built.
+ * The tiles compute block b + 1 while the vector units scale block b. W and (for full tiles) R
+ * constants: the 16 accumulators then stay in registers. */
+static inline __attribute__((always_inline)) void pair_tile_amx(
+        const int32_t W, const struct pair_tiles *t, int64_t nb, const int8_t *xq, int64_t K, const float *xd,
+        const float *xs, const int32_t *xsum, const int R, float out_a[][ROWS], float out_b[][ROWS]) {
     int32_t sums[2][AMX_ROWS][2 * ROWS] __attribute__((aligned(64)));
     __m512 acc[AMX_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
-    tile_block(wtype, tiles, xq, K, 0, sums[0]);
+    tile_block(W, t->b, xq, K, 0, sums[0]);
     for (int64_t b = 0; b < nb; b++) {
-        if (b + 1 < nb) tile_block(wtype, tiles, xq, K, b + 1, sums[(b + 1) & 1]);
-        scale_tile_block(ga, gb, wtype, nb, b, (const int32_t (*)[2 * ROWS])sums[b & 1], xd, xs, xsum, R, acc);
+        if (b + 1 < nb) tile_block(W, t->b, xq, K, b + 1, sums[(b + 1) & 1]);
+        scale_tile_block(W, (const int32_t (*)[2 * ROWS])sums[b & 1], _mm512_load_ps(t->dw + 16 * b),
+                         _mm512_load_ps(t->mw + 16 * b), xd, xs, xsum, nb, b, R, acc);
     }
     store_pair_rows(acc, R, out_a, out_b);
 }
@@ -553,34 +570,51 @@ struct matmul_job {
 };
 
 #if defined(AMX_TILES)
-/* Groups [g0, g1) against every row of x, a pair's tiles B built once for all its tiles A. */
-static int groups_amx(const struct matmul_job *j, int64_t g0, int64_t g1) {
-    const int64_t nb = j->x.nb, group_bytes = (nb / FORMATS[j->wtype].blocks) * record_bytes(j->wtype);
-    uint8_t *tiles = aligned_alloc(64, (size_t)(nb * 512));
-    if (!tiles) return 0;
+/* Groups [g0, g1) of format W against every row of x, each pair's tiles built once for all its
+ * tiles A. */
+static inline __attribute__((always_inline)) int format_groups_amx(const int32_t W, const struct matmul_job *j,
+                                                                   int64_t g0, int64_t g1) {
+    const int64_t nb = j->x.nb, group_bytes = (nb / FORMATS[W].blocks) * record_bytes(W);
+    uint8_t *buffer = aligned_alloc(64, (size_t)(nb * (512 + 2 * 64)));
+    if (!buffer) return 0;
+    const struct pair_tiles t = {buffer, (float *)(buffer + nb * 512), (float *)(buffer + nb * 576)};
     configure_tiles();
     float out[AMX_ROWS][ROWS], out_b[AMX_ROWS][ROWS];
     int64_t g = g0;
     for (; g + 1 < g1; g += 2) {
-        const uint8_t *ga = j->w + g * group_bytes, *gb = ga + group_bytes;
-        pair_b_tiles(ga, gb, j->wtype, nb, tiles);
+        const uint8_t *ga = j->w + g * group_bytes;
+        build_pair_tiles(ga, ga + group_bytes, W, nb, &t);
         for (int64_t m = 0; m < j->rows; m += AMX_ROWS) {
             const int R = j->rows - m < AMX_ROWS ? (int)(j->rows - m) : AMX_ROWS;
             const struct quantized_x at = x_from(&j->x, m);
+            if (R == AMX_ROWS) pair_tile_amx(W, &t, nb, at.q, j->x.K, at.d, at.s, at.sum, AMX_ROWS, out, out_b);
+            else pair_tile_amx(W, &t, nb, at.q, j->x.K, at.d, at.s, at.sum, R, out, out_b);
             float *y = j->y + (m / j->passes) * j->ldy;
-            pair_tile_amx(ga, gb, j->wtype, nb, tiles, at.q, j->x.K, at.d, at.s, at.sum, R, out, out_b);
             store_tile(out, R, j->passes, g * ROWS, j->N, y, j->ldy);
             store_tile(out_b, R, j->passes, (g + 1) * ROWS, j->N, y, j->ldy);
         }
     }
-    free(tiles);
-    if (g < g1) groups_against_x(j->w, j->wtype, &j->x, j->passes, 0, j->rows, g, g1, j->N, j->y, j->ldy);
+    free(buffer);
+    if (g < g1) groups_against_x(j->w, W, &j->x, j->passes, 0, j->rows, g, g1, j->N, j->y, j->ldy);
     return 1;
+}
+
+static int groups_amx(const struct matmul_job *j, int64_t g0, int64_t g1) {
+    switch (j->wtype) {
+    case WTYPE_Q8_0: return format_groups_amx(WTYPE_Q8_0, j, g0, g1);
+    case WTYPE_Q4_1: return format_groups_amx(WTYPE_Q4_1, j, g0, g1);
+    case WTYPE_Q4_K: return format_groups_amx(WTYPE_Q4_K, j, g0, g1);
+    case WTYPE_Q5_K: return format_groups_amx(WTYPE_Q5_K, j, g0, g1);
+    case WTYPE_Q5_0: return format_groups_amx(WTYPE_Q5_0, j, g0, g1);
+    case WTYPE_Q5_1: return format_groups_amx(WTYPE_Q5_1, j, g0, g1);
+    case WTYPE_Q4_0: return format_groups_amx(WTYPE_Q4_0, j, g0, g1);
+    default: return 0;                       /* Q6_K: amx_serves() keeps it on the 512-bit path */
+    }
 }
 #endif
 
 /* A thread's tasks (GROUPS_PER_TASK weight groups each) against every chunk of x in turn: the
- * chunk's int8 rows stay in L1 while its groups pass over them, its weight slice stays in L2. */
+ * chunk's int8 rows stay in L1 while its groups pass over them. */
 static void matmul_tasks(void *ctx, int64_t begin, int64_t end) {
     const struct matmul_job *j = ctx;
     const int64_t g0 = begin * GROUPS_PER_TASK;
