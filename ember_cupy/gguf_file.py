@@ -12,6 +12,7 @@ import numpy as np
 _MAGIC = b"GGUF"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_LENGTH = struct.Struct("<Q")
 _NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
           7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
 
@@ -39,6 +40,18 @@ class _Cursor:
         self.offset += length
         return bytes(self.buffer[start:self.offset]).decode("utf-8", errors="replace")
 
+    def strings(self, count: int) -> list[str]:
+        """`count` strings in a row (a vocabulary): one loop with no call per string."""
+        buffer, offset, out = self.buffer, self.offset, []
+        length_at, append = _LENGTH.unpack_from, out.append
+        for _ in range(count):
+            length = length_at(buffer, offset)[0]
+            offset += 8
+            append(str(buffer[offset:offset + length], "utf-8", "replace"))
+            offset += length
+        self.offset = offset
+        return out
+
     def value(self, kind: int):
         if kind == _STRING:
             return self.string()
@@ -49,6 +62,8 @@ class _Cursor:
                 values = np.frombuffer(self.buffer, dtype, count, self.offset)
                 self.offset += values.nbytes
                 return values.tolist()
+            if item == _STRING:
+                return self.strings(count)
             return [self.value(item) for _ in range(count)]
         if kind not in _SCALARS:
             raise ValueError(f"GGUF metadata value of unknown type {kind}")
