@@ -88,3 +88,32 @@ def test_space_prefix_and_byte_fallback(tmp_path):
     ids = tok.encode("abc d")
     assert [tok.id_to_token(i) for i in ids] == ["<s>", "▁abc", "▁", "<0x64>"]
     assert tok.decode(ids) == "abc d"
+
+
+def test_merges_are_ranked_once_per_vocabulary(tmp_path, monkeypatch):
+    """The second build of the same vocabulary reads the ranking from the cache (ranking again
+    would raise here) and tokenizes the same."""
+    from ember_cupy import gguf_vocab
+    monkeypatch.setenv("EMBER_TOKENIZER_CACHE", str(tmp_path / "cache"))
+    first = _small(tmp_path, add_space_prefix=False)
+    assert len(list((tmp_path / "cache").glob("*.npy"))) == 1
+    monkeypatch.setattr(gguf_vocab, "_merges_by_score", lambda *a: (_ for _ in ()).throw(AssertionError("ranked")))
+    again = _small(tmp_path, add_space_prefix=False)
+    for text in ("abc", "bca", "cab abc"):
+        assert again.encode(text) == first.encode(text)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "ids past the vocabulary", "wrong shape"])
+def test_a_damaged_merges_cache_is_ranked_again(tmp_path, monkeypatch, damage):
+    import numpy as np
+    monkeypatch.setenv("EMBER_TOKENIZER_CACHE", str(tmp_path / "cache"))
+    reference = _small(tmp_path, add_space_prefix=False)
+    (cached,) = (tmp_path / "cache").glob("*.npy")
+    if damage == "garbage":
+        cached.write_bytes(b"not a numpy file")
+    else:
+        bad = np.full((4, 2), 10**6, np.int32) if damage.startswith("ids") else np.zeros((4, 3), np.int32)
+        np.save(cached, bad)
+    tok = _small(tmp_path, add_space_prefix=False)
+    assert [tok.id_to_token(i) for i in tok.encode("abc", add_special_tokens=False)] == ["abc"]
+    assert tok.encode("bca cab") == reference.encode("bca cab")
