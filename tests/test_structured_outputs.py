@@ -250,3 +250,28 @@ def test_constraint_sync_rolls_back_and_forward_and_forks_apart(llm):
     refused = llm.tokenizer.encode(" banana", add_special_tokens=False)[0]   # not after `"age": 3`
     assert not child.accept(refused) and child.failed and child.is_finished
     assert not constraint.failed and not constraint.is_finished
+
+
+# --- what compiled grammars may cost -------------------------------------------------------------
+def test_the_grammar_cache_is_bounded_by_the_bytes_its_grammars_hold(llm):
+    """(a{1000}){N} is 14 bytes of regex and ~40 MiB of lexer: six distinct ones in a cache of
+    100 MiB keep at most 100 MiB, and what is evicted is freed."""
+    from ember_cupy.structured.allocated import allocated_bytes
+    from ember_cupy.structured.compiler import GrammarCompiler
+    budget = 100 << 20
+    compiler = GrammarCompiler(llm.tokenizer, llm.engine.model_config.vocab_size, cache_bytes=budget)
+    compiler.ll_tokenizer
+    start = allocated_bytes()
+    for repeat in range(100, 106):
+        compiler.compile(StructuredOutputsParams(regex=f"(a{{1000}}){{{repeat}}}"))
+        assert compiler.cached_bytes <= budget
+    assert 1 <= compiler.num_cached < 6
+    assert allocated_bytes() - start < budget + (48 << 20)
+
+
+def test_a_grammar_over_the_size_limit_is_refused(llm):
+    from ember_cupy.structured.compiler import GrammarCompiler
+    compiler = GrammarCompiler(llm.tokenizer, llm.engine.model_config.vocab_size, max_grammar_bytes=16 << 20)
+    with pytest.raises(ValueError, match="compiles to [0-9]+ MiB; the limit is 16 MiB per constraint"):
+        compiler.compile(StructuredOutputsParams(regex="(a{1000}){100}"))
+    assert compiler.num_cached == 0
