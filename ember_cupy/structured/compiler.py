@@ -22,6 +22,7 @@ import llguidance
 import llguidance.numpy as llg_numpy
 
 from ember_cupy.structured.allocated import allocated_bytes
+from ember_cupy.structured.closed_objects import close_objects
 from ember_cupy.structured.constraint import GrammarConstraint
 from ember_cupy.structured.grammar_cache import ByteBoundedCache
 from ember_cupy.structured.large_stack import call_with_large_stack
@@ -130,7 +131,8 @@ def _grammar(params: StructuredOutputsParams) -> str:
     try:
         if _FORMATS[kind] != "json_schema":
             return llguidance.grammar_from(_FORMATS[kind], spec)
-        return llguidance.LLMatcher.grammar_from_json_schema(spec, defaults=JSON_LAYOUT)
+        schema = close_objects(params.json) if params.closes_objects else spec
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
     except ValueError as exc:
         raise ValueError(f"structured_outputs.{kind}: {brief(str(exc))}") from None
     except RecursionError:   # GBNF is converted to Lark in Python
