@@ -25,6 +25,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from ember_cupy.structured.closed_objects import close_objects
 from ember_cupy.structured.compiler import JSON_LAYOUT
 from ember_cupy.structured.params import StructuredOutputsParams
 
@@ -144,7 +145,7 @@ def output_constraint(spec: ToolSpec, template_supports_tools: bool) -> Structur
         return StructuredOutputsParams(json=calls_schema(spec))
     if template_supports_tools:
         return None
-    schema = json.dumps({**calls_schema(spec), "x-guidance": JSON_LAYOUT}, ensure_ascii=False)
+    schema = json.dumps({**close_objects(calls_schema(spec)), "x-guidance": JSON_LAYOUT}, ensure_ascii=False)
     return StructuredOutputsParams(grammar=f"start: calls | text\ncalls: %json {schema}\ntext: {_TEXT_LEXEME}\n")
 
 

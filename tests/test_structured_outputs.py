@@ -212,6 +212,7 @@ def test_bad_constraint_is_a_value_error_naming_it(llm, constraint, message):
     (dict(json=[1, 2]), "JSON schema"),
     (dict(regex=""), "non-empty"),
     (dict(jsn={}), "unknown field"),
+    (dict(regex="a", disable_additional_properties="yes"), "must be a boolean"),
 ])
 def test_malformed_structured_outputs_params(constraint, message):
     with pytest.raises(ValueError, match=message):
@@ -250,3 +251,66 @@ def test_constraint_sync_rolls_back_and_forward_and_forks_apart(llm):
     refused = llm.tokenizer.encode(" banana", add_special_tokens=False)[0]   # not after `"age": 3`
     assert not child.accept(refused) and child.failed and child.is_finished
     assert not constraint.failed and not constraint.is_finished
+
+
+# --- strict JSON schemas -------------------------------------------------------------------------
+OPEN_PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}}, "required": ["name"]}
+ASK_PERSON = [{"role": "user", "content": "Describe a person as JSON with their name, age, city and job."}]
+
+
+def test_absent_additional_properties_means_no_other_key_unless_opted_out(llm):
+    """Strict by default (OpenAI strict mode, vLLM's xgrammar): the model asked for more keys than
+    the schema lists writes only those listed; disable_additional_properties=False reads the schema
+    as JSON Schema does, and the same greedy run adds the keys it was asked for."""
+    def keys(**options):
+        params = SamplingParams(temperature=0, max_tokens=64,
+                                structured_outputs=StructuredOutputsParams(json=OPEN_PERSON, **options))
+        completion = llm.chat(ASK_PERSON, params)[0].outputs[0]
+        assert completion.finish_reason == "stop"
+        return set(json.loads(completion.text))
+
+    assert keys() == {"name"}
+    assert keys(disable_additional_properties=False) > {"name"}
+
+
+def test_closed_objects_leave_any_object_schemas_and_all_of_branches_open():
+    from ember_cupy.structured.closed_objects import close_objects
+    schema = {"type": "object", "properties": {
+        "point": {"properties": {"x": {"type": "integer"}}},
+        "extra": {"type": "object"},
+        "mixed": {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},
+        "loose": {"properties": {"c": {}}, "additionalProperties": True}},
+        "$defs": {"node": {"properties": {"next": {"$ref": "#/$defs/node"}}}}}
+    closed = close_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["point"]["additionalProperties"] is False
+    assert closed["$defs"]["node"]["additionalProperties"] is False
+    assert "additionalProperties" not in closed["properties"]["extra"]
+    assert all("additionalProperties" not in branch for branch in closed["properties"]["mixed"]["allOf"])
+    assert closed["properties"]["loose"]["additionalProperties"] is True
+    assert "additionalProperties" not in schema   # the caller's schema is left as it was
+
+
+# --- what compiled grammars may cost -------------------------------------------------------------
+def test_the_grammar_cache_is_bounded_by_the_bytes_its_grammars_hold(llm):
+    """(a{1000}){N} is 14 bytes of regex and ~40 MiB of lexer: six distinct ones in a cache of
+    100 MiB keep at most 100 MiB, and what is evicted is freed."""
+    from ember_cupy.structured.allocated import allocated_bytes
+    from ember_cupy.structured.compiler import GrammarCompiler
+    budget = 100 << 20
+    compiler = GrammarCompiler(llm.tokenizer, llm.engine.model_config.vocab_size, cache_bytes=budget)
+    compiler.ll_tokenizer
+    start = allocated_bytes()
+    for repeat in range(100, 106):
+        compiler.compile(StructuredOutputsParams(regex=f"(a{{1000}}){{{repeat}}}"))
+        assert compiler.cached_bytes <= budget
+    assert 1 <= compiler.num_cached < 6
+    assert allocated_bytes() - start < budget + (48 << 20)
+
+
+def test_a_grammar_over_the_size_limit_is_refused(llm):
+    from ember_cupy.structured.compiler import GrammarCompiler
+    compiler = GrammarCompiler(llm.tokenizer, llm.engine.model_config.vocab_size, max_grammar_bytes=16 << 20)
+    with pytest.raises(ValueError, match="compiles to [0-9]+ MiB; the limit is 16 MiB per constraint"):
+        compiler.compile(StructuredOutputsParams(regex="(a{1000}){100}"))
+    assert compiler.num_cached == 0

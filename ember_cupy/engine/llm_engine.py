@@ -238,6 +238,9 @@ class LLMEngine:
         params = request.params
         state = request.state(seq)
         detokenizer = state.detokenizer
+        if seq.finish_reason == "error":   # its grammar refused this token: the output ends before it
+            state.new_text += detokenizer.finish()
+            return
         stopped_by_token = seq.finish_reason == "stop" and (
             token_id in params.stop_token_ids or token_id in self.model_config.eos_token_ids)
         if not stopped_by_token or params.include_stop_str_in_output:

@@ -27,7 +27,7 @@ class CompletionOutput:
     token_ids: list[int]                    # all generated token ids so far (DELTA: the step's)
     delta_text: str = ""                    # text released by this step
     delta_token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None        # "stop" | "length" | "abort" (LLM.chat: "tool_calls")
+    finish_reason: str | None = None        # "stop" | "length" | "abort" | "error" (LLM.chat: "tool_calls")
     stop_reason: str | int | None = None    # the stop string or stop token id that ended it
     logprobs: list[TokenLogprobs] | None = None   # one per token of token_ids
     cumulative_logprob: float | None = None

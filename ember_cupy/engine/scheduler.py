@@ -224,6 +224,9 @@ class Scheduler:
         return [seq for seq, _ in batch.samples]
 
     def _append_token(self, seq: Sequence, token_id: int, now: float) -> None:
+        if seq.constraint is not None and seq.constraint.failed:   # a token its grammar refused
+            self.finish(seq, "error")
+            return
         seq.token_ids.append(token_id)
         stats = seq.stats
         if stats.first_token_time is None:

@@ -78,7 +78,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)   # chain digests of its full computed blocks
     status: SequenceStatus = SequenceStatus.WAITING
-    finish_reason: str | None = None    # "stop" | "length" | "abort"
+    finish_reason: str | None = None    # "stop" | "length" | "abort" | "error" (its grammar failed)
     stop_reason: str | int | None = None
     rng: np.random.Generator | None = None
     stats: SequenceStats = field(default_factory=lambda: SequenceStats(arrival_time=time.monotonic()))

@@ -152,6 +152,7 @@ def _new_id(prefix: str) -> str:
 
 
 def _message_item(item_id: str, text: str, status: str) -> dict:
+    status = "incomplete" if status == "failed" else status
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
             "content": [] if status == "in_progress" else [_text_part(text)]}
 
@@ -166,7 +167,13 @@ def _call_item(item_id: str, call: tool_calls.ToolCall, arguments: str, status: 
 
 
 def _status(finish_reason: str | None) -> str:
-    return {"length": "incomplete", "abort": "cancelled", None: "in_progress"}.get(finish_reason, "completed")
+    return {"length": "incomplete", "abort": "cancelled", "error": "failed",
+            None: "in_progress"}.get(finish_reason, "completed")
+
+
+# finish_reason "error": the output constraint failed mid-way (its text stops before that token)
+CONSTRAINT_FAILED = {"code": "server_error",
+                     "message": "the output constraint failed during generation (a limit of the grammar engine)"}
 
 
 class _Run:
@@ -209,7 +216,8 @@ class _Run:
         self.body = {
             "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
             "model": self.model, "output": list(self.items),
-            "usage": None if status == "in_progress" else self._usage(), "error": None,
+            "usage": None if status == "in_progress" else self._usage(),
+            "error": CONSTRAINT_FAILED if status == "failed" else None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
             "temperature": req.temperature, "top_p": req.top_p,

@@ -2,37 +2,58 @@
 
 One `GrammarCompiler` per engine: it builds llguidance's tokenizer once (from the `tokenizers`
 JSON the engine already has; ~0.4 s for a 49k vocabulary, so only when the first constrained
-request arrives) and keeps the compiled matchers in an LRU cache keyed by (kind, spec). A request
-gets a private copy of the cached matcher (`LLMatcher.deep_copy`, which shares the compiled
-grammar). `compile` is thread-safe: the server calls it from a worker thread, off its event loop.
+request arrives) and keeps the compiled matchers in an LRU cache keyed by StructuredOutputsParams.key.
+A request gets a private copy of the cached matcher (`LLMatcher.deep_copy`, which shares the
+compiled grammar). `compile` is thread-safe: the server calls it from a worker thread, off its
+event loop.
+
+What a constraint may cost is bounded: it compiles on a thread with a 1 GiB stack (llguidance
+recurses once per rule or `$ref` of a chain; large_stack.py), its first token mask is computed
+there too (where llguidance builds most of its lexer; a grammar that cannot start, its language
+empty, is refused then), and the bytes it allocated meanwhile are its weight: over
+max_grammar_bytes it is refused, and the cache keeps at most cache_bytes of them.
 """
 from __future__ import annotations
 
+import logging
 import threading
-from collections import OrderedDict
 
 import llguidance
+import llguidance.numpy as llg_numpy
 
+from ember_cupy.structured.allocated import allocated_bytes
+from ember_cupy.structured.closed_objects import close_objects
 from ember_cupy.structured.constraint import GrammarConstraint
+from ember_cupy.structured.grammar_cache import ByteBoundedCache
+from ember_cupy.structured.large_stack import call_with_large_stack
+from ember_cupy.structured.messages import brief
 from ember_cupy.structured.params import StructuredOutputsParams
 
-CACHE_SIZE = 256
+logger = logging.getLogger("ember_cupy.structured")
+
+CACHE_SIZE = 256                 # compiled grammars kept, at most ...
+CACHE_BYTES = 512 << 20          # ... and their weight in all
+MAX_GRAMMAR_BYTES = 128 << 20    # one compiled grammar's weight; more is refused
+MiB = 1 << 20
 # JSON is written with ", " and ": " and no other white space (a schema's "x-guidance" may say
 # otherwise): free white space lets a small model pad its output with newlines until max_tokens.
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # llguidance's kind names for ours (json_object is compiled as its any-object schema)
 _FORMATS = {"json": "json_schema", "json_object": "json_schema", "regex": "regex", "choice": "choice",
             "grammar": "grammar"}
+_EMPTY_LANGUAGE = "NoExtensionBias"   # llguidance's error when no text at all can be generated
 
 
 class GrammarCompiler:
-    def __init__(self, tokenizer, vocab_size: int, cache_size: int = CACHE_SIZE):
+    def __init__(self, tokenizer, vocab_size: int, cache_size: int = CACHE_SIZE,
+                 cache_bytes: int = CACHE_BYTES, max_grammar_bytes: int = MAX_GRAMMAR_BYTES):
         """tokenizer: ember_cupy.tokenizer.Tokenizer; vocab_size: the width of the model's logits."""
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
-        self._cache_size = cache_size
-        self._cache: OrderedDict[tuple[str, str], llguidance.LLMatcher] = OrderedDict()
+        self.max_grammar_bytes = max_grammar_bytes
+        self._cache = ByteBoundedCache(cache_bytes, cache_size)
         self._lock = threading.Lock()
+        self._build_lock = threading.Lock()   # one build at a time: each is weighed by the malloc growth
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
 
     @property
@@ -47,15 +68,27 @@ class GrammarCompiler:
     def compile(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
         """The cached matcher of params (compiled on a miss); ValueError naming what is wrong."""
         key = params.key
-        with self._lock:
-            if key in self._cache:
-                self._cache.move_to_end(key)
-                return self._cache[key]
-        matcher = self._build(params)
-        with self._lock:
-            self._cache[key] = matcher
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+        matcher = self._cache.get(key)
+        if matcher is not None:
+            return matcher
+        self.ll_tokenizer   # built before a build is weighed
+        with self._build_lock:
+            matcher = self._cache.get(key)   # built meanwhile by another caller
+            if matcher is not None:
+                return matcher
+            before = allocated_bytes()
+            try:
+                matcher = call_with_large_stack(self._build, params)
+            except ValueError as exc:
+                logger.info("refused a constraint (%d characters): %s", len(params.spec), exc)
+                raise
+            weight = max(0, allocated_bytes() - before)
+        if weight > self.max_grammar_bytes:
+            message = (f"structured_outputs.{params.kind} compiles to {weight / MiB:.0f} MiB; the limit "
+                       f"is {self.max_grammar_bytes / MiB:.0f} MiB per constraint")
+            logger.info("refused a constraint (%d characters): %s", len(params.spec), message)
+            raise ValueError(message)
+        self._cache.put(key, matcher, weight)
         return matcher
 
     def new_constraint(self, params: StructuredOutputsParams) -> GrammarConstraint:
@@ -66,28 +99,47 @@ class GrammarCompiler:
     def num_cached(self) -> int:
         return len(self._cache)
 
+    @property
+    def cached_bytes(self) -> int:
+        """The weight of the cached grammars (bytes their compiles allocated)."""
+        return self._cache.total_bytes
+
     def _build(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
-        kind, spec = params.key
-        try:
-            if _FORMATS[kind] == "json_schema":
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(spec, defaults=JSON_LAYOUT)
-            else:
-                grammar = llguidance.grammar_from(_FORMATS[kind], spec)
-        except ValueError as exc:
-            raise ValueError(f"structured_outputs.{kind}: {exc}") from None
-        matcher = llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
+        kind = params.kind
+        matcher = llguidance.LLMatcher(self.ll_tokenizer, _grammar(params), log_level=0)
         if matcher.is_error():
-            raise ValueError(f"structured_outputs.{kind} is invalid: {_first_lines(matcher.get_error())}")
+            raise ValueError(f"structured_outputs.{kind} is invalid: {brief(matcher.get_error())}")
+        self._check_start(matcher, kind)
         return matcher
+
+    def _check_start(self, matcher: llguidance.LLMatcher, kind: str) -> None:
+        """The first token mask, on a copy: it builds the lexer the copies share, and tells a
+        grammar that cannot produce any text (an empty language) or hits a limit at once."""
+        probe = matcher.deep_copy()
+        llg_numpy.fill_next_token_bitmask(probe, llg_numpy.allocate_token_bitmask(1, self.vocab_size), 0)
+        if not probe.is_error():
+            return
+        error = probe.get_error()
+        if _EMPTY_LANGUAGE in error:
+            raise ValueError(f"structured_outputs.{kind} matches no text (its language is empty)")
+        raise ValueError(f"structured_outputs.{kind} cannot be used: {brief(error)}")
+
+
+def _grammar(params: StructuredOutputsParams) -> str:
+    """llguidance's grammar text for params; ValueError naming what is wrong."""
+    kind, spec = params.kind, params.spec
+    try:
+        if _FORMATS[kind] != "json_schema":
+            return llguidance.grammar_from(_FORMATS[kind], spec)
+        schema = close_objects(params.json) if params.closes_objects else spec
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
+    except ValueError as exc:
+        raise ValueError(f"structured_outputs.{kind}: {brief(str(exc))}") from None
+    except RecursionError:   # GBNF is converted to Lark in Python
+        raise ValueError(f"structured_outputs.{kind} is nested too deeply") from None
 
 
 def _tokenizer_json(tokenizer) -> str:
     """The `tokenizers.Tokenizer` JSON behind ember's Tokenizer (GGUF vocabularies are rebuilt
     as one at load, so every model has it)."""
     return tokenizer._hf.to_str()
-
-
-def _first_lines(message: str, limit: int = 6) -> str:
-    """llguidance's errors may append the whole grammar; the first lines say what is wrong."""
-    lines = message.strip().splitlines()
-    return "\n".join(lines[:limit]) + ("\n..." if len(lines) > limit else "")

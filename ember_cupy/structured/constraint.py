@@ -2,7 +2,9 @@
 
 The engine's hook is `Sequence.constraint` (None when unconstrained): the sampler asks it for the
 token bitmask, then feeds it the sampled token; a sequence whose grammar is complete finishes
-("stop"); forks (n > 1) call `fork()`. `sync` keeps the matcher equal to the sequence's output
+("stop"), one whose grammar failed (a limit of llguidance hit mid-way, e.g. too many parser items
+in a row, or a token it refused) finishes with "error", without that token; forks (n > 1) call
+`fork()`. `sync` keeps the matcher equal to the sequence's output
 whatever happened to the sequence between steps (recompute after preemption keeps the output, so it
 is a no-op there; an output that was cut back is rolled back, tokens appended without sampling
 are consumed).
@@ -15,6 +17,8 @@ import llguidance
 import llguidance.numpy as llg_numpy
 import numpy as np
 
+from ember_cupy.structured.messages import brief
+
 logger = logging.getLogger("ember_cupy.structured")
 
 
@@ -23,7 +27,7 @@ class GrammarConstraint:
         self._matcher = matcher
         self.vocab_size = vocab_size
         self.consumed: list[int] = list(consumed or [])   # the output tokens the matcher has taken
-        self.failed = False                               # a token the grammar refused was forced in
+        self.failed = False                               # the grammar refused a token or hit a limit
 
     def fork(self) -> "GrammarConstraint":
         """An independent copy in the same state (n > 1: each child its own matcher)."""
@@ -45,12 +49,14 @@ class GrammarConstraint:
         return self._matcher
 
     def accept(self, token_id: int) -> bool:
-        """Feed one sampled token; False (and the constraint finishes) if the grammar refused it:
-        only possible when a row had no allowed token left (e.g. all NaN logits)."""
+        """Feed one sampled token; False (and the constraint has failed) if the grammar refused it:
+        only possible when a row had no allowed token left (the matcher hit a limit computing the
+        mask, or all logits were NaN)."""
         if self.failed:
             return False
         if not self._matcher.consume_token(int(token_id)):
-            logger.warning("grammar refused token %d: %s", token_id, self._matcher.get_error())
+            logger.warning("constrained output stopped with an error after %d tokens: %s", len(self.consumed),
+                           brief(self._matcher.get_error() or f"token {token_id} is not allowed"))
             self.failed = True
             return False
         self.consumed.append(int(token_id))

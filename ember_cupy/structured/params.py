@@ -1,6 +1,11 @@
 """What a request constrains its output to: a JSON schema, any JSON object, a regex, a choice of
 strings or a grammar (Lark, or GBNF which llguidance converts). vLLM's `StructuredOutputsParams`.
 
+A JSON schema is read in strict mode unless `disable_additional_properties` is False: an object
+that lists `properties` without `additionalProperties` allows no other key (closed_objects.py).
+vLLM has the same field, whose default there is False (its guidance backend reads plain JSON
+Schema); here it is True, as OpenAI's strict mode and vLLM's xgrammar backend read schemas.
+
 Only the shape is checked here; whether the schema, regex or grammar itself is valid is decided
 by the compiler (ember_cupy/structured/compiler.py), which needs the tokenizer and may be slow, so
 the server runs it off its event loop.
@@ -11,6 +16,7 @@ import json
 from dataclasses import dataclass
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
+OPTIONS = ("disable_additional_properties",)
 MAX_SPEC_CHARS = 1 << 20   # a schema, regex or grammar larger than 1 MiB of text is refused
 ANY_OBJECT_SCHEMA = {"type": "object"}
 
@@ -27,6 +33,7 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: tuple[str, ...] | list[str] | None = None
     grammar: str | None = None                  # Lark (llguidance's dialect) or GBNF
+    disable_additional_properties: bool = True  # json: absent additionalProperties means false
 
     def __post_init__(self):
         given = [k for k in KINDS if getattr(self, k) not in (None, False)]
@@ -47,6 +54,8 @@ class StructuredOutputsParams:
                      "structured_outputs.choice must be a non-empty list of non-empty strings")
             object.__setattr__(self, "choice", tuple(choice))
         _require(self.json_object in (True, False), "structured_outputs.json_object must be a boolean")
+        _require(self.disable_additional_properties in (True, False),
+                 "structured_outputs.disable_additional_properties must be a boolean")
         _require(len(self.spec) <= MAX_SPEC_CHARS,
                  f"structured_outputs.{self.kind} is longer than {MAX_SPEC_CHARS} characters")
 
@@ -57,8 +66,9 @@ class StructuredOutputsParams:
             return value
         _require(isinstance(value, dict), "structured_outputs must be an object with one of "
                  f"{', '.join(KINDS)}")
-        unknown = sorted(set(value) - set(KINDS))
-        _require(not unknown, f"structured_outputs has unknown field(s) {unknown}; allowed: {', '.join(KINDS)}")
+        unknown = sorted(set(value) - set(KINDS) - set(OPTIONS))
+        _require(not unknown, "structured_outputs has unknown field(s) "
+                 f"{unknown}; allowed: {', '.join(KINDS + OPTIONS)}")
         return cls(**value)
 
     @property
@@ -67,7 +77,7 @@ class StructuredOutputsParams:
 
     @property
     def spec(self) -> str:
-        """The constraint as text: with kind, the key of the compiled-grammar cache."""
+        """The constraint as text (as the client wrote it)."""
         kind = self.kind
         if kind == "json":
             return json.dumps(self.json, separators=(",", ":"), ensure_ascii=False)
@@ -78,8 +88,14 @@ class StructuredOutputsParams:
         return getattr(self, kind)
 
     @property
-    def key(self) -> tuple[str, str]:
-        return self.kind, self.spec
+    def closes_objects(self) -> bool:
+        """Whether the JSON schema is read in strict mode (see the module docstring)."""
+        return self.kind == "json" and self.disable_additional_properties
+
+    @property
+    def key(self) -> tuple[str, str, bool]:
+        """What the compiled grammar depends on: the key of the compiled-grammar cache."""
+        return self.kind, self.spec, self.closes_objects
 
 
 def _schema(value) -> dict | bool:

@@ -21,7 +21,10 @@ def structured_constraint(request: CompletionRequest | ChatCompletionRequest) ->
     the schema, regex or grammar itself is valid is found when it compiles, off the event loop.)"""
     fields = request.structured_outputs
     response_format = getattr(request, "response_format", None)
-    from_format = _from_response_format(response_format) if response_format is not None else None
+    try:
+        from_format = _from_response_format(response_format) if response_format is not None else None
+    except ValueError as exc:   # e.g. a schema over the size limit
+        raise bad_request(str(exc), param="response_format") from None
     if fields is not None and from_format is not None:
         raise bad_request("give either 'structured_outputs' or a JSON 'response_format', not both",
                           param="response_format")

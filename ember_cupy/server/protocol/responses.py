@@ -8,7 +8,7 @@ from pydantic import Field
 from ember_cupy.server.protocol.base import ResponseModel
 from ember_cupy.server.protocol.tools import ToolCall
 
-FinishReason = Literal["stop", "length", "tool_calls", "abort"]
+FinishReason = Literal["stop", "length", "tool_calls", "abort", "error"]   # error: the constraint failed
 StopReason = str | int | None     # the stop string or stop token id that ended the text (vLLM)
 
 

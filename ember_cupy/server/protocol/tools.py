@@ -76,6 +76,10 @@ class StructuredOutputs(ProtocolModel):
     choice: list[str] | None = Field(None, min_length=1, examples=[["yes", "no"]])
     grammar: str | None = Field(None, description="A Lark grammar (llguidance's dialect).",
                                 examples=['start: "yes" | "no"'])
+    disable_additional_properties: bool | None = Field(
+        None, description="json: true (the default here; vLLM's is false) reads an object schema that lists "
+        "properties without additionalProperties as closed (no other key), as OpenAI's strict mode; false "
+        "reads it as JSON Schema does (any other key allowed).")
 
     @model_validator(mode="after")
     def _exactly_one(self):
