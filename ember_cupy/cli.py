@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--read-timeout", type=float, default=30.0,
          help="seconds a client may take to send its request headers (also the idle keep-alive timeout), "
               "and again its body (then 408); slower connections are closed")
+    _add(g, "--response-store-bytes", type=parse_size, default=64 << 20,
+         help="JSON bytes of the /v1/responses kept for previous_response_id (bodies and conversations, "
+              "all together; the least recently used go first)")
     _add(g, "--drain-timeout", type=float, default=10.0,
          help="on SIGINT/SIGTERM, seconds in-flight requests may finish before being aborted")
     _add(g, "--stream-stall-timeout", type=float, default=60.0,
@@ -253,7 +256,7 @@ def cmd_serve(args) -> int:
     settings = ServerSettings(host=args.host, port=args.port, served_model_names=names,
                               api_key=args.api_key or None, allowed_origins=list(args.allowed_origins or []),
                               max_body_bytes=args.max_request_body_bytes, drain_timeout=args.drain_timeout,
-                              read_timeout=args.read_timeout,
+                              read_timeout=args.read_timeout, response_store_bytes=args.response_store_bytes,
                               model_path=args.model)
     from ember_cupy.ray_serve import cli as ray_cli
     if ray_cli.uses_ray(args):   # --data-parallel-backend ray: replicas on Ray Serve

@@ -18,6 +18,7 @@ from ember_cupy.server.middleware import auth_middleware, cors_handlers, error_m
 from ember_cupy.server.openapi import openapi_spec
 from ember_cupy.server.protocol import validate
 from ember_cupy.server.protocol.requests import DetokenizeRequest, TokenizeRequest
+from ember_cupy.server.response_store import MAX_BYTES, ResponseStore
 from ember_cupy.server.responses_api import ResponsesServing
 from ember_cupy.server.serving import OpenAIServing
 from ember_cupy.server.static_pages import add_static_pages
@@ -44,6 +45,7 @@ class ServerSettings:
     # or its previous response: also the idle keep-alive timeout), and again its body
     read_timeout: float = 30.0
     model_path: str | None = None
+    response_store_bytes: int = MAX_BYTES   # the Responses API's stored responses, as JSON bytes
 
 
 def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
@@ -66,7 +68,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     handlers = _Handlers(engine, serving, settings)
     app.router.add_post("/v1/completions", serving.completions)
     app.router.add_post("/v1/chat/completions", serving.chat)
-    responses = ResponsesServing(serving)
+    responses = ResponsesServing(serving, ResponseStore(max_bytes=settings.response_store_bytes))
     app.router.add_post("/v1/responses", responses.create)
     app.router.add_get("/v1/responses/{response_id}", responses.retrieve)
     app.router.add_post("/v1/embeddings", EmbeddingsServing(serving).embeddings)

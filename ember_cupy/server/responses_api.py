@@ -71,7 +71,7 @@ class ResponsesServing:
         if entry is None:
             raise APIError(404, f"no stored response with id '{response_id}' ({self._kept()})",
                            param="response_id", code="response_not_found")
-        return web.json_response(entry.body)
+        return web.Response(body=entry.body_json, content_type="application/json")
 
     def _kept(self) -> str:
         return f"responses are kept {self.store.ttl_seconds:.0f} s, at most {self.store.max_responses}"
@@ -83,7 +83,7 @@ class ResponsesServing:
         if entry is None:
             raise APIError(400, f"Previous response with id '{previous_response_id}' not found ({self._kept()})",
                            param="previous_response_id", code="previous_response_not_found")
-        return list(entry.messages)
+        return entry.messages
 
 
 def _admission_error(exc: BaseException, req: ResponsesRequest) -> APIError:
