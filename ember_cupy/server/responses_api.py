@@ -44,13 +44,15 @@ class ResponsesServing:
         messages = history + conversation(req.input)
         try:
             chat, prompt, tools = await self.serving.prepare_chat(chat_body(req, messages))
+            token_ids = await self.serving.tokenize_prompts([prompt], "input")
         except APIError as exc:
             exc.param = _responses_param(exc.param)
             raise
         run = _Run(self.serving, req, chat.model or self.serving.model_names[0], tools)
         try:
             stream = await self.serving.engine.add_request(prompt, chat.params, request_id=run.id,
-                                                           cache_salt=chat.cache_salt)
+                                                           cache_salt=chat.cache_salt,
+                                                           prompt_token_ids=token_ids[0])
         except Exception as exc:   # noqa: BLE001 - every admission failure has an HTTP error
             raise _admission_error(exc, req) from None
         try:
