@@ -22,6 +22,10 @@ token from its logits. Every sequence, forked or about to fork, counts against m
 Embedding requests (Sequence.pooled) are scheduled as any prompt, chunked alike; when their last
 prompt chunk runs they are in batch.pooled instead of batch.samples, and update() finishes them.
 
+A client request of many prompts (a completions batch, embedding inputs) cannot hold the queue:
+fcfs and priority order by the prompt's index in its request before arrival, so every request's
+first prompt starts before any request's second (Sequence.prompt_index).
+
 Policies: fcfs (arrival order), priority (smaller priority first, then arrival), sjf (shortest
 job first: the prompt length, then the requested max_tokens, a request without max_tokens after
 any with one; a request that has waited sjf_aging_steps steps jumps ahead, in arrival order).
@@ -105,14 +109,14 @@ class Scheduler:
         preempted = 0 if id(seq) in self._preempted else 1
         policy = self.config.policy
         if policy == "priority":
-            return (preempted, seq.priority, arrival)
+            return (preempted, seq.priority, seq.prompt_index, arrival)
         if policy == "sjf":
             aged = self.step_count - seq.stats.arrival_step >= self.config.sjf_aging_steps
             if aged:
                 return (preempted, 0, 0, 0, arrival)
             requested = seq.params.max_tokens
             return (preempted, 1, seq.num_prompt_tokens, _UNBOUNDED if requested is None else requested, arrival)
-        return (preempted, arrival)
+        return (preempted, seq.prompt_index, arrival)
 
     def _running_key(self, seq: Sequence):
         """Running order: the last one is the first preemption victim."""

@@ -124,10 +124,11 @@ class RemoteEngine:
 
     async def add_request(self, prompt, params: SamplingParams | None = None, *, request_id: str,
                           priority: int = 0, cache_salt: str | None = None,
-                          prompt_token_ids: list[int] | None = None) -> RemoteStream:
+                          prompt_token_ids: list[int] | None = None, prompt_index: int = 0) -> RemoteStream:
         """Admit on a replica; raises what AsyncEngine.add_request raises (ValueError, overloaded,
         not ready, dead), so the HTTP layer answers exactly as `ember-cupy serve` does. (The
-        replica tokenizes a string prompt again: prompt_token_ids only counted it here.)"""
+        replica tokenizes a string prompt again: prompt_token_ids only counted it here; each
+        replica orders its queue by arrival, prompt_index is not sent.)"""
         routing_key = await self.off_loop(self.keys.of, prompt, cache_salt)
         params = params or SamplingParams()
         for attempt in range(self.admission_retries + 1):

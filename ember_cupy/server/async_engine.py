@@ -188,6 +188,7 @@ class _Add:
     params: SamplingParams | PoolingParams
     priority: int
     cache_salt: str | None
+    prompt_index: int
     arrival: float
     stream: RequestStream
     admitted: asyncio.Future              # the add's result for the caller of add_request
@@ -355,9 +356,11 @@ class AsyncEngine:
 
     async def add_request(self, prompt: str | list[int], params: SamplingParams | PoolingParams | None = None, *,
                           request_id: str | None = None, priority: int = 0, cache_salt: str | None = None,
-                          prompt_token_ids: list[int] | None = None) -> RequestStream:
+                          prompt_token_ids: list[int] | None = None, prompt_index: int = 0) -> RequestStream:
         """Queue a request; returns its stream once the engine has admitted it.
         prompt_token_ids: a string prompt's tokens, as tokenize() gave them (not tokenized again).
+        prompt_index: its place among the prompts of one HTTP request (the scheduler serves every
+        request's first prompt before any request's second).
 
         Raises ValueError (bad input, from the engine), EngineOverloadedError, PrepareTimeoutError,
         EngineNotReadyError or EngineDeadError.
@@ -377,8 +380,8 @@ class AsyncEngine:
         self._check_admission()   # again: it may have died, begun stopping or filled up meanwhile
         stream = RequestStream(request_id, self)
         admitted = asyncio.get_running_loop().create_future()
-        self._ops.append(_Add(request_id, prompt, token_ids, params, priority, cache_salt, arrival, stream,
-                              admitted, current_usage()))
+        self._ops.append(_Add(request_id, prompt, token_ids, params, priority, cache_salt, prompt_index, arrival,
+                              stream, admitted, current_usage()))
         self._wake.set()
         try:
             await admitted
@@ -447,7 +450,7 @@ class AsyncEngine:
             extra = {} if add.prompt_token_ids is None else {"prompt_token_ids": add.prompt_token_ids}
             self.engine.add_request(add.request_id, add.prompt, add.params, priority=add.priority,
                                     cache_salt=add.cache_salt, arrival_time=add.arrival,
-                                    output_kind=OutputKind.DELTA, **extra)
+                                    output_kind=OutputKind.DELTA, prompt_index=add.prompt_index, **extra)
         except Exception as exc:  # ValueError: bad input; anything else: reported, not fatal
             add.admitted.set_exception(exc)
             return

@@ -62,7 +62,7 @@ class EmbeddingsServing:
         response_id = f"embd-{uuid.uuid4().hex}"
         results = await asyncio.gather(*[
             self.engine.add_request(item, PoolingParams(), request_id=f"{response_id}-{i}",
-                                    prompt_token_ids=ids if isinstance(item, str) else None)
+                                    prompt_token_ids=ids if isinstance(item, str) else None, prompt_index=i)
             for i, (item, ids) in enumerate(zip(inputs, token_ids, strict=True))], return_exceptions=True)
         streams = [r for r in results if isinstance(r, RequestStream)]
         errors = [(i, r) for i, r in enumerate(results) if not isinstance(r, RequestStream)]

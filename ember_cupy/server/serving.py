@@ -174,7 +174,7 @@ class OpenAIServing:
                      response_id: str) -> list[RequestStream]:
         admissions = [self.engine.add_request(p, req.params, request_id=f"{response_id}-{i}",
                                               priority=req.priority, cache_salt=req.cache_salt,
-                                              prompt_token_ids=ids if isinstance(p, str) else None)
+                                              prompt_token_ids=ids if isinstance(p, str) else None, prompt_index=i)
                       for i, (p, ids) in enumerate(zip(prompts, token_ids, strict=True))]
         results = await asyncio.gather(*admissions, return_exceptions=True)
         streams = [r for r in results if isinstance(r, RequestStream)]

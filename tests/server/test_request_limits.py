@@ -72,20 +72,24 @@ def test_prompt_logprobs_that_would_make_a_huge_response_are_refused(base_url):
 
 
 # --- a small request beside a huge one --------------------------------------------------------
-def test_a_small_chat_is_not_queued_behind_a_huge_embedding_request(base_url):
-    """12 embedding inputs of 500 tokens are 6 steps of 1,024 tokens; a 1-token chat sent while
-    they run starts at the next step, not after the last input's prefill."""
+@pytest.mark.parametrize("inputs,tokens", [(12, 500), (60, 100)], ids=["long-inputs", "many-short-inputs"])
+def test_a_small_chat_is_not_queued_behind_a_huge_embedding_request(base_url, inputs, tokens):
+    """12 embedding inputs of 500 tokens, or 60 of 100, are 6 steps of 1,024 tokens; a 2-token chat
+    sent while they run starts at the next step, not in the last input's step: long
+    prompts leave a share of each step to short ones, and a request's later inputs wait behind
+    other requests' first ones."""
     finished = {}
 
     def embed():
         status, _, _ = http(base_url, "POST", "/v1/embeddings",
-                            {"model": MODEL, "input": [ids(500, 1000 + 11 * i) for i in range(12)]}, timeout=300)
+                            {"model": MODEL, "input": [ids(tokens, 1000 + 11 * i) for i in range(inputs)]},
+                            timeout=300)
         finished["embeddings"] = time.monotonic()
         return status
 
     def small_chat():
         time.sleep(0.5)
-        status = chat(base_url, "Hello there")[0]
+        status = chat(base_url, "Hello there", max_tokens=2)[0]
         finished["chat"] = time.monotonic()
         return status
 
