@@ -72,10 +72,13 @@ class PrepareTimeoutError(TimeoutError):
 
 class _Workers:
     """The worker threads of one kind of pre-admission work, counting the jobs they hold: those
-    beyond the threads wait, and count as waiting requests against max_waiting. A job keeps
-    counting until it ends, even after its caller gave up on it (a thread cannot be stopped)."""
+    beyond the threads wait, and (`slow` work: large texts, grammar compiles) count as waiting
+    requests against max_waiting; small texts take milliseconds, so a burst of them is no load to
+    shed. A job keeps counting until it ends, even after its caller gave up on it (a thread
+    cannot be stopped)."""
 
-    def __init__(self, name: str, threads: int = PREPARE_THREADS):
+    def __init__(self, name: str, slow: bool, threads: int = PREPARE_THREADS):
+        self.slow = slow
         self.threads = threads
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=name)
         self._lock = threading.Lock()
@@ -234,9 +237,9 @@ class AsyncEngine:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ember-step")
         # tokenizing and chat templates (a 4 MB prompt takes a second or more) and grammar compiles:
         # off the event loop, each kind on its own threads
-        self._small_text = _Workers("ember-text")
-        self._large_text = _Workers("ember-large-text")
-        self._grammar = _Workers("ember-grammar")
+        self._small_text = _Workers("ember-text", slow=False)
+        self._large_text = _Workers("ember-large-text", slow=True)
+        self._grammar = _Workers("ember-grammar", slow=True)
         self._ids = itertools.count()
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -344,13 +347,13 @@ class AsyncEngine:
     def _num_really_waiting(self, workers: _Workers | None = None) -> int:
         """Queued requests (in the scheduler or about to be added) beyond the free sequence slots:
         those the next step cannot start (a burst into an idle server waits for nothing); and the
-        jobs queued for `workers`, of requests before admission. (A request whose preparation is
-        done is not refused for those queued behind it, nor a small text for large ones.)"""
+        jobs queued for slow `workers`, of requests before admission. (A request whose preparation
+        is done is not refused for those queued behind it, nor a small text for large ones.)"""
         queued = self._num_waiting + sum(1 for op in self._ops if isinstance(op, _Add))
         max_num_seqs = getattr(getattr(self.engine, "config", None), "max_num_seqs", None)
         free = max(0, max_num_seqs - self._num_slots_used) if max_num_seqs else 0
         waiting = max(0, queued - free)
-        if workers is not None:   # free sequence slots do not make a worker thread free
+        if workers is not None and workers.slow:   # free sequence slots do not make a worker thread free
             waiting += workers.num_queued
         return waiting
 

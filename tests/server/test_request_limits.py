@@ -127,9 +127,10 @@ def slow(start_server):
 
 
 def test_requests_still_being_tokenized_count_toward_max_waiting(slow):
-    """8 prompts that take 1.5 s each to tokenize, at once: 2 run on the 2 threads, 2 wait, the
-    rest are refused as --max-waiting 2 refuses requests waiting for a sequence slot."""
-    results = parallel(*[lambda: chat(slow.url, f"{SLOW_MARKER} {i}") for i in range(8)])
+    """8 large texts that take 3 s each to tokenize, at once: 2 run on the 2 large-text threads, 2
+    wait, the rest are refused as --max-waiting 2 refuses requests waiting for a sequence slot."""
+    large = {"model": MODEL, "prompt": "word " * 30_000}
+    results = parallel(*[lambda: http(slow.url, "POST", "/tokenize", large) for _ in range(8)])
     statuses = sorted(status for status, _, _ in results)
     assert statuses.count(200) >= 2 and statuses.count(503) >= 1, statuses
     refused = [(headers, raw) for status, headers, raw in results if status == 503]
