@@ -139,6 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add(g, "--read-timeout", type=float, default=30.0,
          help="seconds a client may take to send its request headers (also the idle keep-alive timeout), "
               "and again its body (then 408); slower connections are closed")
+    _add(g, "--max-prompt-tokens-per-request", type=int, default=32768,
+         help="prompt tokens of one request, all its prompts or embedding inputs together; more is a 400")
+    _add(g, "--prepare-timeout", type=float, default=30.0,
+         help="seconds a request's tokenizing, chat template and grammar compile may take, waiting for a "
+              "worker thread included (then 408)")
+    _add(g, "--response-store-bytes", type=parse_size, default=64 << 20,
+         help="JSON bytes of the /v1/responses kept for previous_response_id (bodies and conversations, "
+              "all together; the least recently used go first)")
     _add(g, "--drain-timeout", type=float, default=10.0,
          help="on SIGINT/SIGTERM, seconds in-flight requests may finish before being aborted")
     _add(g, "--stream-stall-timeout", type=float, default=60.0,
@@ -239,6 +247,10 @@ def check_serve_args(args) -> None:
         args.model = args.model_tag
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    if args.max_prompt_tokens_per_request < 1:
+        raise ValueError(f"--max-prompt-tokens-per-request must be >= 1, got {args.max_prompt_tokens_per_request}")
+    if not args.prepare_timeout > 0:
+        raise ValueError(f"--prepare-timeout must be > 0 seconds, got {args.prepare_timeout}")
     resolve_model_path(args.model)
     engine_config(args)
     check_dtype(args)
@@ -253,13 +265,15 @@ def cmd_serve(args) -> int:
     settings = ServerSettings(host=args.host, port=args.port, served_model_names=names,
                               api_key=args.api_key or None, allowed_origins=list(args.allowed_origins or []),
                               max_body_bytes=args.max_request_body_bytes, drain_timeout=args.drain_timeout,
-                              read_timeout=args.read_timeout,
+                              read_timeout=args.read_timeout, response_store_bytes=args.response_store_bytes,
+                              max_prompt_tokens_per_request=args.max_prompt_tokens_per_request,
                               model_path=args.model)
     from ember_cupy.ray_serve import cli as ray_cli
     if ray_cli.uses_ray(args):   # --data-parallel-backend ray: replicas on Ray Serve
         return ray_cli.run(args, engine_config(args), settings)
     engine = AsyncEngine(factory=lambda: _load_engine(args), metrics=EngineMetrics(names[0]),
-                         max_waiting=args.max_waiting, stream_stall_timeout=args.stream_stall_timeout)
+                         max_waiting=args.max_waiting, stream_stall_timeout=args.stream_stall_timeout,
+                         prepare_timeout=args.prepare_timeout)
     return asyncio.run(serve(engine, settings))
 
 

@@ -28,6 +28,7 @@ _LABEL = re.compile(r'(\w+)="([^"]*)"')
 class Served:
     url: str
     log_path: Path | None = None      # the spawned server's stdout and stderr; None for --url
+    pid: int | None = None            # the spawned server's process; None for --url
 
     def _log_lines(self) -> list[str]:
         return [] if self.log_path is None else self.log_path.read_text(errors="replace").splitlines()
@@ -119,7 +120,7 @@ def served(url: str | None, server_args: list[str], log_path: str | None = None)
     try:
         spawned_url = _wait_listening(proc, path, timeout=120)
         wait_ready(spawned_url, proc=proc)
-        yield Served(spawned_url, path)
+        yield Served(spawned_url, path, proc.pid)
     finally:
         _stop(proc)
 

@@ -86,10 +86,11 @@ class LLMEngine:
                     params: SamplingParams | PoolingParams | None = None,
                     *, priority: int = 0, cache_salt: str | None = None,
                     arrival_time: float | None = None, prompt_token_ids: list[int] | None = None,
-                    output_kind: OutputKind = OutputKind.CUMULATIVE) -> None:
+                    output_kind: OutputKind = OutputKind.CUMULATIVE, prompt_index: int = 0) -> None:
         """prompt_token_ids: with a string prompt, its token ids as self.tokenizer.encode gave them
         (the server tokenizes off its event loop); the prompt is then not tokenized again.
         output_kind: what step() returns for this request (ember_cupy/engine/outputs.py).
+        prompt_index: the prompt's place among those of one client request (Sequence.prompt_index).
         PoolingParams make an embedding request (ember_cupy/engine/pooling.py): one output, at
         the end, whatever output_kind, with its `embedding`."""
         params = params or SamplingParams()
@@ -103,7 +104,7 @@ class LLMEngine:
             prompt_text, prompt_ids = self._prompt_ids(prompt)
         if isinstance(params, PoolingParams):
             self._add_embedding_request(request_id, prompt_text, prompt_ids, params, priority, cache_salt,
-                                        arrival_time)
+                                        arrival_time, prompt_index)
             return
         params.check_vocab(self.model_config.vocab_size)
         constraint = self.grammars.new_constraint(params.structured_outputs) if params.structured_outputs else None
@@ -113,20 +114,21 @@ class LLMEngine:
         request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer, output_kind)
         stats = SequenceStats(arrival_time=arrival_time or time.monotonic())
         seq = Sequence(request_id, prompt_ids, params, max_tokens, priority=priority,
-                       cache_salt=cache_salt, stats=stats, num_pending_forks=params.n - 1, constraint=constraint)
+                       cache_salt=cache_salt, stats=stats, num_pending_forks=params.n - 1, constraint=constraint,
+                       prompt_index=prompt_index)
         request.state(seq)
         self.requests[request_id] = request
         self.scheduler.add(seq)
 
     def _add_embedding_request(self, request_id: str, prompt_text: str | None, prompt_ids: list[int],
                                params: PoolingParams, priority: int, cache_salt: str | None,
-                               arrival_time: float | None) -> None:
+                               arrival_time: float | None, prompt_index: int) -> None:
         if len(prompt_ids) > self.max_model_len:
             raise ValueError(f"prompt has {len(prompt_ids)} tokens; the context allows at most "
                              f"{self.max_model_len}")
         stats = SequenceStats(arrival_time=arrival_time or time.monotonic())
         seq = Sequence(request_id, prompt_ids, PREFILL_ONLY, max_tokens=1, priority=priority,
-                       cache_salt=cache_salt, stats=stats, pooled=True)
+                       cache_salt=cache_salt, stats=stats, pooled=True, prompt_index=prompt_index)
         self.requests[request_id] = EmbeddingRequest(request_id, prompt_text, prompt_ids, params, seq)
         self.scheduler.add(seq)
 

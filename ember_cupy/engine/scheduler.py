@@ -3,8 +3,12 @@
 Each step has a budget of max_num_seqs sequences and max_num_batched_tokens tokens:
   1. running decodes (1 token each), preempting the least important running sequence by
      recompute when the KV pool cannot grow;
-  2. running sequences whose prompt is partly computed (chunked prefill) get what is left;
-  3. waiting sequences, in policy order, fill the rest, chunked if they do not fit.
+  2. waiting sequences whose whole prompt fits in a reserved share of the step's tokens
+     (1/SHORT_PROMPT_SHARE), in policy order: a short request starts at the next step instead
+     of queueing behind the chunks of long prompts (64 embedding inputs of 1,000 tokens each
+     would otherwise hold every step for minutes); long prompts lose at most that share;
+  3. running sequences whose prompt is partly computed (chunked prefill) get what is left;
+  4. waiting sequences, in policy order, fill the rest, chunked if they do not fit.
 
 After the forward pass, update() does the step's bookkeeping (vLLM's update_from_output,
 nano-vllm's postprocess): computed tokens advance, full blocks enter the prefix cache, sampled
@@ -17,6 +21,10 @@ token from its logits. Every sequence, forked or about to fork, counts against m
 
 Embedding requests (Sequence.pooled) are scheduled as any prompt, chunked alike; when their last
 prompt chunk runs they are in batch.pooled instead of batch.samples, and update() finishes them.
+
+A client request of many prompts (a completions batch, embedding inputs) cannot hold the queue:
+fcfs and priority order by the prompt's index in its request before arrival, so every request's
+first prompt starts before any request's second (Sequence.prompt_index).
 
 Policies: fcfs (arrival order), priority (smaller priority first, then arrival), sjf (shortest
 job first: the prompt length, then the requested max_tokens, a request without max_tokens after
@@ -36,6 +44,7 @@ from ember_cupy.engine.sequence import Sequence, SequenceStatus
 
 
 _UNBOUNDED = float("inf")   # sjf: a request without max_tokens ranks after any with one
+SHORT_PROMPT_SHARE = 8      # 1/8 of a step's tokens go first to waiting prompts that fit in it whole
 
 
 @dataclass
@@ -100,14 +109,14 @@ class Scheduler:
         preempted = 0 if id(seq) in self._preempted else 1
         policy = self.config.policy
         if policy == "priority":
-            return (preempted, seq.priority, arrival)
+            return (preempted, seq.priority, seq.prompt_index, arrival)
         if policy == "sjf":
             aged = self.step_count - seq.stats.arrival_step >= self.config.sjf_aging_steps
             if aged:
                 return (preempted, 0, 0, 0, arrival)
             requested = seq.params.max_tokens
             return (preempted, 1, seq.num_prompt_tokens, _UNBOUNDED if requested is None else requested, arrival)
-        return (preempted, arrival)
+        return (preempted, seq.prompt_index, arrival)
 
     def _running_key(self, seq: Sequence):
         """Running order: the last one is the first preemption victim."""
@@ -121,6 +130,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         self.running.sort(key=self._running_key)
         budget = self._schedule_decodes(batch, budget)
+        budget = self._admit_short_prompts(batch, budget)
         budget = self._schedule_partial_prefills(batch, budget)
         self._admit_waiting(batch, budget)
         self.running += batch.forked   # after the decodes: never a victim of their preemptions
@@ -151,10 +161,11 @@ class Scheduler:
         return budget
 
     def _schedule_partial_prefills(self, batch: ScheduledBatch, budget: int) -> int:
+        started_now = {id(seq) for seq, _ in batch.scheduled}   # short prompts, run whole
         for seq in self.running:
             if budget <= 0:
                 break
-            if seq.num_uncomputed_tokens <= 1:
+            if seq.num_uncomputed_tokens <= 1 or id(seq) in started_now:
                 continue  # a decode: served (or preempted) above
             num_tokens = min(seq.num_uncomputed_tokens, budget)
             if self.block_manager.can_allocate(seq, num_tokens):
@@ -162,26 +173,48 @@ class Scheduler:
                 budget -= num_tokens
         return budget
 
+    def _admit_short_prompts(self, batch: ScheduledBatch, budget: int) -> int:
+        """Start the waiting sequences whose whole prompt fits in the reserved share of the step."""
+        reserve = min(budget, max(1, self.config.max_num_batched_tokens // SHORT_PROMPT_SHARE))
+        short = sorted((seq for seq in self.waiting if seq.num_uncomputed_tokens <= reserve),
+                       key=self._waiting_key)
+        for seq in short:
+            if seq.num_uncomputed_tokens > reserve:
+                continue
+            num_tokens = self._start(batch, seq, reserve)
+            if num_tokens == 0:
+                break
+            reserve -= num_tokens
+            budget -= num_tokens
+        return budget
+
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         while self.waiting and budget > 0:
-            seq = min(self.waiting, key=self._waiting_key)
-            if self.num_slots_used(batch) + 1 + seq.num_pending_forks > self.config.max_num_seqs:
+            num_tokens = self._start(batch, min(self.waiting, key=self._waiting_key), budget)
+            if num_tokens == 0:
                 break
-            cached = self.block_manager.acquire_cached_prefix(seq)
-            num_tokens = min(seq.num_uncomputed_tokens, budget)
-            if not self.block_manager.can_allocate(seq, num_tokens):
-                self.block_manager.free(seq)  # give the cached blocks back; retry next step
-                break
-            self.waiting.remove(seq)
-            self._preempted.discard(id(seq))
-            if seq.stats.first_scheduled_time is None:   # not a recompute after preemption
-                self.block_manager.record_prefix_query(seq.num_tokens, cached)
-                seq.stats.first_scheduled_time = time.monotonic()
-                seq.stats.num_cached_tokens = cached
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            self._run(batch, seq, num_tokens)
             budget -= num_tokens
+
+    def _start(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
+        """Run waiting `seq` for up to `budget` tokens: how many it got, 0 when it has no free
+        sequence slot or KV pages (it stays waiting)."""
+        if self.num_slots_used(batch) + 1 + seq.num_pending_forks > self.config.max_num_seqs:
+            return 0
+        cached = self.block_manager.acquire_cached_prefix(seq)
+        num_tokens = min(seq.num_uncomputed_tokens, budget)
+        if not self.block_manager.can_allocate(seq, num_tokens):
+            self.block_manager.free(seq)  # give the cached blocks back; retry next step
+            return 0
+        self.waiting.remove(seq)
+        self._preempted.discard(id(seq))
+        if seq.stats.first_scheduled_time is None:   # not a recompute after preemption
+            self.block_manager.record_prefix_query(seq.num_tokens, cached)
+            seq.stats.first_scheduled_time = time.monotonic()
+            seq.stats.num_cached_tokens = cached
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        self._run(batch, seq, num_tokens)
+        return num_tokens
 
     def _run(self, batch: ScheduledBatch, seq: Sequence, num_tokens: int) -> None:
         batch.block_copies += self.block_manager.allocate(seq, num_tokens)

@@ -73,6 +73,9 @@ class Sequence:
     index: int = 0                      # which of the request's n samples
     priority: int = 0
     cache_salt: str | None = None
+    # the prompt's place among those of one client request (a batch of prompts or embedding
+    # inputs): fcfs and priority start every request's first prompt before any request's second
+    prompt_index: int = 0
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
@@ -102,7 +105,7 @@ class Sequence:
         generator), stats and constraint state; the caller shares the KV blocks."""
         child = Sequence(self.request_id, self.prompt_token_ids, self.params, self.max_tokens,
                          index=index, priority=self.priority, cache_salt=self.cache_salt,
-                         token_ids=list(self.token_ids),
+                         prompt_index=self.prompt_index, token_ids=list(self.token_ids),
                          stats=dataclasses.replace(self.stats, num_preemptions=0))
         if self.constraint is not None:
             child.constraint = self.constraint.fork()

@@ -115,14 +115,20 @@ class RemoteEngine:
     def num_in_flight(self) -> int:
         return len(self._streams)
 
-    async def off_loop(self, fn, *args, **kwargs):
+    async def off_loop(self, fn, *args, work_chars: int = 0, **kwargs):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._text_executor, lambda: fn(*args, **kwargs))
 
+    async def tokenize(self, text: str) -> list[int]:
+        return await self.off_loop(self.tokenizer.encode, text, work_chars=len(text))
+
     async def add_request(self, prompt, params: SamplingParams | None = None, *, request_id: str,
-                          priority: int = 0, cache_salt: str | None = None) -> RemoteStream:
+                          priority: int = 0, cache_salt: str | None = None,
+                          prompt_token_ids: list[int] | None = None, prompt_index: int = 0) -> RemoteStream:
         """Admit on a replica; raises what AsyncEngine.add_request raises (ValueError, overloaded,
-        not ready, dead), so the HTTP layer answers exactly as `ember-cupy serve` does."""
+        not ready, dead), so the HTTP layer answers exactly as `ember-cupy serve` does. (The
+        replica tokenizes a string prompt again: prompt_token_ids only counted it here; each
+        replica orders its queue by arrival, prompt_index is not sent.)"""
         routing_key = await self.off_loop(self.keys.of, prompt, cache_salt)
         params = params or SamplingParams()
         for attempt in range(self.admission_retries + 1):

@@ -14,7 +14,7 @@ from ray import serve
 from ember_cupy.config import EngineConfig
 from ember_cupy.sampling_params import SamplingParams
 from ember_cupy.server.async_engine import (AsyncEngine, EngineDeadError, EngineNotReadyError,
-                                            EngineOverloadedError)
+                                            EngineOverloadedError, PrepareTimeoutError)
 from ember_cupy.server.metrics import EngineMetrics
 
 # What generate() yields first: admission, or the error the ingress re-raises as the same class.
@@ -22,7 +22,7 @@ ADMITTED = "admitted"
 REFUSED = "refused"
 OUTPUT = "output"
 ADMISSION_ERRORS = {cls.__name__: cls for cls in
-                    (ValueError, EngineOverloadedError, EngineNotReadyError, EngineDeadError)}
+                    (ValueError, EngineOverloadedError, PrepareTimeoutError, EngineNotReadyError, EngineDeadError)}
 
 
 def _load_engine(model: str | None, config: EngineConfig):

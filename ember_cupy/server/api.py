@@ -10,7 +10,7 @@ from aiohttp import web
 
 import ember_cupy
 from ember_cupy.server.access_log import access_log_middleware
-from ember_cupy.server.async_engine import AsyncEngine, EngineState
+from ember_cupy.server.async_engine import AsyncEngine, EngineOverloadedError, EngineState, PrepareTimeoutError
 from ember_cupy.server.embeddings import EmbeddingsServing
 from ember_cupy.server.errors import APIError, bad_request
 from ember_cupy.server.metrics import CONTENT_TYPE_LATEST
@@ -18,8 +18,14 @@ from ember_cupy.server.middleware import auth_middleware, cors_handlers, error_m
 from ember_cupy.server.openapi import openapi_spec
 from ember_cupy.server.protocol import validate
 from ember_cupy.server.protocol.requests import DetokenizeRequest, TokenizeRequest
+from ember_cupy.server.response_store import MAX_BYTES, ResponseStore
 from ember_cupy.server.responses_api import ResponsesServing
-from ember_cupy.server.serving import OpenAIServing
+from ember_cupy.server.serving import (
+    DEFAULT_MAX_PROMPT_TOKENS_PER_REQUEST,
+    OpenAIServing,
+    engine_error,
+    text_chars,
+)
 from ember_cupy.server.static_pages import add_static_pages
 from ember_cupy.server.validation import READ_TIMEOUT_KEY, read_json_body
 
@@ -44,6 +50,8 @@ class ServerSettings:
     # or its previous response: also the idle keep-alive timeout), and again its body
     read_timeout: float = 30.0
     model_path: str | None = None
+    response_store_bytes: int = MAX_BYTES   # the Responses API's stored responses, as JSON bytes
+    max_prompt_tokens_per_request: int = DEFAULT_MAX_PROMPT_TOKENS_PER_REQUEST
 
 
 def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
@@ -58,7 +66,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     if on_prepare is not None:
         app.on_response_prepare.append(on_prepare)
-    serving = OpenAIServing(engine, settings.served_model_names)
+    serving = OpenAIServing(engine, settings.served_model_names, settings.max_prompt_tokens_per_request)
     app[ENGINE_KEY] = engine
     app[SERVING_KEY] = serving
     app[SETTINGS_KEY] = settings
@@ -66,7 +74,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     handlers = _Handlers(engine, serving, settings)
     app.router.add_post("/v1/completions", serving.completions)
     app.router.add_post("/v1/chat/completions", serving.chat)
-    responses = ResponsesServing(serving)
+    responses = ResponsesServing(serving, ResponseStore(max_bytes=settings.response_store_bytes))
     app.router.add_post("/v1/responses", responses.create)
     app.router.add_get("/v1/responses/{response_id}", responses.retrieve)
     app.router.add_post("/v1/embeddings", EmbeddingsServing(serving).embeddings)
@@ -157,12 +165,15 @@ class _Handlers:
             if body.prompt is not None:
                 text = body.prompt
             else:
-                text = await self.engine.off_loop(tokenizer.apply_chat_template,
-                                                  [m.template_dict() for m in body.messages],
-                                                  body.add_generation_prompt)
-            tokens = await self.engine.off_loop(tokenizer.encode, text, add_special_tokens=body.add_special_tokens)
+                messages = [m.template_dict() for m in body.messages]
+                text = await self.engine.off_loop(tokenizer.apply_chat_template, messages, body.add_generation_prompt,
+                                                  work_chars=text_chars(messages))
+            tokens = await self.engine.off_loop(tokenizer.encode, text, add_special_tokens=body.add_special_tokens,
+                                                work_chars=len(text))
         except ValueError as exc:
             raise bad_request(str(exc), param=field) from None
+        except (EngineOverloadedError, PrepareTimeoutError) as exc:
+            raise engine_error(exc) from None
         result = {"count": len(tokens), "max_model_len": self.engine.max_model_len, "tokens": tokens}
         if body.return_token_strs:
             result["token_strs"] = [tokenizer.id_to_token(t) for t in tokens]

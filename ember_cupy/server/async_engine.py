@@ -18,6 +18,7 @@ import concurrent.futures
 import enum
 import itertools
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -35,6 +36,13 @@ log = logging.getLogger("ember_cupy.server")
 # for any live client (a reader that keeps up never waits), short enough that a client that
 # stops reading but keeps its connection open frees its KV blocks within a minute.
 DEFAULT_STREAM_STALL_TIMEOUT = 60.0
+# Seconds the work before admission (tokenizing, a chat template, a grammar compile) may take,
+# its wait for a worker thread included: then the request is refused (408), not left hanging.
+DEFAULT_PREPARE_TIMEOUT = 30.0
+# Texts up to this many characters are tokenized (and templated) by their own worker threads, so
+# a cheap request never queues behind multi-megabyte ones.
+SMALL_TEXT_CHARS = 64 << 10
+PREPARE_THREADS = 2   # per kind of work: small texts, large texts, grammar compiles
 
 
 class EngineState(enum.Enum):
@@ -56,6 +64,43 @@ class EngineDeadError(RuntimeError):
 
 class EngineOverloadedError(RuntimeError):
     """The waiting queue is full (max_waiting)."""
+
+
+class PrepareTimeoutError(TimeoutError):
+    """A request's work before admission took longer than prepare_timeout."""
+
+
+class _Workers:
+    """The worker threads of one kind of pre-admission work, counting the jobs they hold: those
+    beyond the threads wait, and (`slow` work: large texts, grammar compiles) count as waiting
+    requests against max_waiting; small texts take milliseconds, so a burst of them is no load to
+    shed. A job keeps counting until it ends, even after its caller gave up on it (a thread
+    cannot be stopped)."""
+
+    def __init__(self, name: str, slow: bool, threads: int = PREPARE_THREADS):
+        self.slow = slow
+        self.threads = threads
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=name)
+        self._lock = threading.Lock()
+        self._held = 0
+
+    @property
+    def num_queued(self) -> int:
+        return max(0, self._held - self.threads)
+
+    def submit(self, job: Callable[[], object]) -> concurrent.futures.Future:
+        with self._lock:
+            self._held += 1
+        future = self._pool.submit(job)
+        future.add_done_callback(self._release)   # also when cancelled before it ran
+        return future
+
+    def _release(self, _future) -> None:
+        with self._lock:
+            self._held -= 1
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class RequestStream:
@@ -146,6 +191,7 @@ class _Add:
     params: SamplingParams | PoolingParams
     priority: int
     cache_salt: str | None
+    prompt_index: int
     arrival: float
     stream: RequestStream
     admitted: asyncio.Future              # the add's result for the caller of add_request
@@ -165,7 +211,8 @@ class _Stop:
 class AsyncEngine:
     def __init__(self, engine=None, *, factory: Callable[[], object] | None = None,
                  metrics: EngineMetrics | None = None, max_waiting: int | None = None,
-                 stream_stall_timeout: float = DEFAULT_STREAM_STALL_TIMEOUT):
+                 stream_stall_timeout: float = DEFAULT_STREAM_STALL_TIMEOUT,
+                 prepare_timeout: float = DEFAULT_PREPARE_TIMEOUT):
         if (engine is None) == (factory is None):
             raise ValueError("AsyncEngine needs exactly one of engine and factory")
         self.engine = engine
@@ -175,6 +222,9 @@ class AsyncEngine:
         if not stream_stall_timeout > 0:
             raise ValueError(f"stream_stall_timeout must be > 0 seconds, got {stream_stall_timeout}")
         self.stream_stall_timeout = stream_stall_timeout
+        if not prepare_timeout > 0:
+            raise ValueError(f"prepare_timeout must be > 0 seconds, got {prepare_timeout}")
+        self.prepare_timeout = prepare_timeout
         self.state = EngineState.NEW
         self.error: str | None = None
         self._ops: deque[_Add | _Abort | _Stop] = deque()
@@ -185,8 +235,11 @@ class AsyncEngine:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ember-step")
-        # tokenizing and chat templates: a 4 MB prompt takes a second or more, not on the event loop
-        self._text_executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ember-text")
+        # tokenizing and chat templates (a 4 MB prompt takes a second or more) and grammar compiles:
+        # off the event loop, each kind on its own threads
+        self._small_text = _Workers("ember-text", slow=False)
+        self._large_text = _Workers("ember-large-text", slow=True)
+        self._grammar = _Workers("ember-grammar", slow=True)
         self._ids = itertools.count()
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -230,7 +283,8 @@ class AsyncEngine:
         if self.metrics:
             self.metrics.engine_ready.set(0)
         self._executor.shutdown(wait=False)
-        self._text_executor.shutdown(wait=False)
+        for workers in (self._small_text, self._large_text, self._grammar):
+            workers.shutdown()
 
     @property
     def is_ready(self) -> bool:
@@ -248,11 +302,27 @@ class AsyncEngine:
     def num_in_flight(self) -> int:
         return len(self._streams)
 
-    async def off_loop(self, fn, *args, **kwargs):
-        """fn(*args, **kwargs) in a worker thread (tokenizing, chat templates): the event loop
-        keeps serving meanwhile. Never touches the LLMEngine's state."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._text_executor, lambda: fn(*args, **kwargs))
+    async def off_loop(self, fn, *args, work_chars: int = 0, **kwargs):
+        """fn(*args, **kwargs) in a worker thread (tokenizing, chat templates) while the event loop
+        keeps serving: texts of more than SMALL_TEXT_CHARS (work_chars) on threads of their own.
+        Refused (EngineOverloadedError) when max_waiting requests wait already, the jobs queued
+        for these threads included; PrepareTimeoutError after prepare_timeout seconds. Never
+        touches the LLMEngine's state."""
+        workers = self._large_text if work_chars > SMALL_TEXT_CHARS else self._small_text
+        return await self._prepare(workers, lambda: fn(*args, **kwargs))
+
+    async def tokenize(self, text: str) -> list[int]:
+        """A prompt's token ids, as add_request would tokenize it (off the loop, as off_loop)."""
+        return await self.off_loop(self.engine.tokenizer.encode, text, work_chars=len(text))
+
+    async def _prepare(self, workers: _Workers, job: Callable[[], object]):
+        self._check_admission(workers)
+        future = workers.submit(job)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), self.prepare_timeout)
+        except TimeoutError:   # wait_for cancelled the job if it had not started
+            raise PrepareTimeoutError(f"the request's preparation (tokenizing, chat template or grammar "
+                                      f"compile) took more than {self.prepare_timeout:g} s") from None
 
     # --- requests -------------------------------------------------------------------------
     def _check_state(self) -> None:
@@ -261,30 +331,41 @@ class AsyncEngine:
         if self.state is not EngineState.READY:
             raise EngineNotReadyError(f"the engine is {self.state.value}")
 
-    def _check_admission(self) -> None:
+    def _check_admission(self, workers: _Workers | None = None) -> None:
+        """Refuse a request the engine cannot take now; `workers`: those it is about to queue work
+        for, whose queued jobs wait ahead of it."""
         self._check_state()
         if self.max_waiting is not None:
-            waiting = self._num_really_waiting()
+            waiting = self._num_really_waiting(workers)
             if waiting >= self.max_waiting:
                 if self.metrics:
                     self.metrics.requests_rejected.inc()
                 raise EngineOverloadedError(f"the server is overloaded: {waiting} requests are waiting "
-                                            f"for a free sequence slot (max_waiting={self.max_waiting})")
+                                            f"for a free sequence slot or a worker thread "
+                                            f"(max_waiting={self.max_waiting})")
 
-    def _num_really_waiting(self) -> int:
+    def _num_really_waiting(self, workers: _Workers | None = None) -> int:
         """Queued requests (in the scheduler or about to be added) beyond the free sequence slots:
-        those the next step cannot start. A burst into an idle server waits for nothing."""
+        those the next step cannot start (a burst into an idle server waits for nothing); and the
+        jobs queued for slow `workers`, of requests before admission. (A request whose preparation
+        is done is not refused for those queued behind it, nor a small text for large ones.)"""
         queued = self._num_waiting + sum(1 for op in self._ops if isinstance(op, _Add))
         max_num_seqs = getattr(getattr(self.engine, "config", None), "max_num_seqs", None)
         free = max(0, max_num_seqs - self._num_slots_used) if max_num_seqs else 0
-        return max(0, queued - free)
+        waiting = max(0, queued - free)
+        if workers is not None and workers.slow:   # free sequence slots do not make a worker thread free
+            waiting += workers.num_queued
+        return waiting
 
     async def add_request(self, prompt: str | list[int], params: SamplingParams | PoolingParams | None = None, *,
-                          request_id: str | None = None, priority: int = 0,
-                          cache_salt: str | None = None) -> RequestStream:
+                          request_id: str | None = None, priority: int = 0, cache_salt: str | None = None,
+                          prompt_token_ids: list[int] | None = None, prompt_index: int = 0) -> RequestStream:
         """Queue a request; returns its stream once the engine has admitted it.
+        prompt_token_ids: a string prompt's tokens, as tokenize() gave them (not tokenized again).
+        prompt_index: its place among the prompts of one HTTP request (the scheduler serves every
+        request's first prompt before any request's second).
 
-        Raises ValueError (bad input, from the engine), EngineOverloadedError,
+        Raises ValueError (bad input, from the engine), EngineOverloadedError, PrepareTimeoutError,
         EngineNotReadyError or EngineDeadError.
         """
         self._check_admission()
@@ -293,16 +374,17 @@ class AsyncEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = params or SamplingParams()
         arrival = time.monotonic()
-        token_ids = None
-        if isinstance(prompt, str):
-            token_ids = await self.off_loop(self.engine.tokenizer.encode, prompt)
-            self._check_admission()   # again: it may have died, begun stopping or filled up meanwhile
-        if getattr(params, "structured_outputs", None) is not None:   # compiled off the loop: admission finds it cached
-            await self.off_loop(self.engine.grammars.compile, params.structured_outputs)
+        token_ids = prompt_token_ids if isinstance(prompt, str) else None
+        if isinstance(prompt, str) and token_ids is None:
+            token_ids = await self.tokenize(prompt)
+        constraint = getattr(params, "structured_outputs", None)
+        if constraint is not None:   # compiled off the loop: admission finds it cached
+            await self._prepare(self._grammar, lambda: self.engine.grammars.compile(constraint))
+        self._check_admission()   # again: it may have died, begun stopping or filled up meanwhile
         stream = RequestStream(request_id, self)
         admitted = asyncio.get_running_loop().create_future()
-        self._ops.append(_Add(request_id, prompt, token_ids, params, priority, cache_salt, arrival, stream,
-                              admitted, current_usage()))
+        self._ops.append(_Add(request_id, prompt, token_ids, params, priority, cache_salt, prompt_index, arrival,
+                              stream, admitted, current_usage()))
         self._wake.set()
         try:
             await admitted
@@ -371,7 +453,7 @@ class AsyncEngine:
             extra = {} if add.prompt_token_ids is None else {"prompt_token_ids": add.prompt_token_ids}
             self.engine.add_request(add.request_id, add.prompt, add.params, priority=add.priority,
                                     cache_salt=add.cache_salt, arrival_time=add.arrival,
-                                    output_kind=OutputKind.DELTA, **extra)
+                                    output_kind=OutputKind.DELTA, prompt_index=add.prompt_index, **extra)
         except Exception as exc:  # ValueError: bad input; anything else: reported, not fatal
             add.admitted.set_exception(exc)
             return

@@ -31,7 +31,8 @@ class EmbeddingsServing:
         req = validate(EmbeddingRequest, body, self.engine.tokenizer.vocab_size)
         serving.check_model(req.model)
         self._check_dimensions(req.dimensions)
-        streams = await self._admit(req.input)
+        token_ids = await serving.tokenize_prompts(req.input, "input")
+        streams = await self._admit(req.input, token_ids)
         try:
             finals = await asyncio.gather(*[stream.final() for stream in streams])
         except (EngineDeadError, EngineNotReadyError) as exc:
@@ -56,11 +57,13 @@ class EmbeddingsServing:
                                 f"{size} dimensions and cannot be shortened", param="dimensions",
                            code="unsupported_parameter")
 
-    async def _admit(self, inputs: list) -> list[RequestStream]:
+    async def _admit(self, inputs: list, token_ids: list[list[int]]) -> list[RequestStream]:
         """One engine request per input; on any refusal none is left running."""
         response_id = f"embd-{uuid.uuid4().hex}"
-        results = await asyncio.gather(*[self.engine.add_request(item, PoolingParams(), request_id=f"{response_id}-{i}")
-                                         for i, item in enumerate(inputs)], return_exceptions=True)
+        results = await asyncio.gather(*[
+            self.engine.add_request(item, PoolingParams(), request_id=f"{response_id}-{i}",
+                                    prompt_token_ids=ids if isinstance(item, str) else None, prompt_index=i)
+            for i, (item, ids) in enumerate(zip(inputs, token_ids, strict=True))], return_exceptions=True)
         streams = [r for r in results if isinstance(r, RequestStream)]
         errors = [(i, r) for i, r in enumerate(results) if not isinstance(r, RequestStream)]
         if not errors:

@@ -44,13 +44,15 @@ class ResponsesServing:
         messages = history + conversation(req.input)
         try:
             chat, prompt, tools = await self.serving.prepare_chat(chat_body(req, messages))
+            token_ids = await self.serving.tokenize_prompts([prompt], "input")
         except APIError as exc:
             exc.param = _responses_param(exc.param)
             raise
         run = _Run(self.serving, req, chat.model or self.serving.model_names[0], tools)
         try:
             stream = await self.serving.engine.add_request(prompt, chat.params, request_id=run.id,
-                                                           cache_salt=chat.cache_salt)
+                                                           cache_salt=chat.cache_salt,
+                                                           prompt_token_ids=token_ids[0])
         except Exception as exc:   # noqa: BLE001 - every admission failure has an HTTP error
             raise _admission_error(exc, req) from None
         try:
@@ -71,7 +73,7 @@ class ResponsesServing:
         if entry is None:
             raise APIError(404, f"no stored response with id '{response_id}' ({self._kept()})",
                            param="response_id", code="response_not_found")
-        return web.json_response(entry.body)
+        return web.Response(body=entry.body_json, content_type="application/json")
 
     def _kept(self) -> str:
         return f"responses are kept {self.store.ttl_seconds:.0f} s, at most {self.store.max_responses}"
@@ -83,7 +85,7 @@ class ResponsesServing:
         if entry is None:
             raise APIError(400, f"Previous response with id '{previous_response_id}' not found ({self._kept()})",
                            param="previous_response_id", code="previous_response_not_found")
-        return list(entry.messages)
+        return entry.messages
 
 
 def _admission_error(exc: BaseException, req: ResponsesRequest) -> APIError:

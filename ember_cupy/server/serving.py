@@ -16,6 +16,7 @@ from ember_cupy.server.async_engine import (
     EngineDeadError,
     EngineNotReadyError,
     EngineOverloadedError,
+    PrepareTimeoutError,
     RequestStream,
 )
 from ember_cupy.server.errors import APIError, from_value_error
@@ -25,6 +26,12 @@ from ember_cupy.server.validation import read_json_body
 
 log = logging.getLogger("ember_cupy.server")
 RETRY_AFTER_SECONDS = 1
+# the prompt tokens of one request, all its prompts (or embedding inputs) together: what one
+# request may make the engine prefill (--max-prompt-tokens-per-request)
+DEFAULT_MAX_PROMPT_TOKENS_PER_REQUEST = 32768
+# prompt logprobs one response may carry (each a token's top-k entry; echo and prompt_logprobs
+# repeat them per choice): about 8 MB of JSON
+MAX_PROMPT_LOGPROB_ENTRIES = 1 << 17
 
 
 def engine_error(exc: BaseException) -> APIError:
@@ -34,6 +41,8 @@ def engine_error(exc: BaseException) -> APIError:
     if isinstance(exc, EngineOverloadedError):
         return APIError(503, str(exc), code="server_overloaded",
                         headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    if isinstance(exc, PrepareTimeoutError):
+        return APIError(408, str(exc), code="timeout")
     if isinstance(exc, EngineNotReadyError):
         return APIError(503, str(exc), code="engine_not_ready", headers={"Retry-After": "5"})
     if isinstance(exc, EngineDeadError):
@@ -70,9 +79,11 @@ async def _merge(streams: list[RequestStream]):
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncEngine, model_names: list[str]):
+    def __init__(self, engine: AsyncEngine, model_names: list[str],
+                 max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS_PER_REQUEST):
         self.engine = engine
         self.model_names = model_names
+        self.max_prompt_tokens = max_prompt_tokens
 
     def ensure_ready(self) -> None:
         if not self.engine.is_ready:
@@ -94,6 +105,27 @@ class OpenAIServing:
                                 f"(--policy priority); it runs with '{policy}'", param="priority",
                            code="unsupported_parameter")
 
+    async def tokenize_prompts(self, prompts: list, param: str) -> list[list[int]]:
+        """Each prompt's token ids (a string tokenized off the loop; token ids as they are), refused
+        with a 400 naming `param` when all together they exceed max_prompt_tokens."""
+        token_ids = []
+        for index, prompt in enumerate(prompts):
+            try:
+                token_ids.append(await self.engine.tokenize(prompt) if isinstance(prompt, str) else prompt)
+            except ValueError as exc:
+                error = from_value_error(exc, param=param)
+                if len(prompts) > 1:
+                    error.message = f"{param}[{index}]: {error.message}"
+                raise error from None
+            except Exception as exc:   # noqa: BLE001 - overloaded, timed out: an HTTP error each
+                raise engine_error(exc) from None
+        total = sum(map(len, token_ids))
+        if total > self.max_prompt_tokens:
+            raise APIError(400, f"the request's prompts have {total} tokens in all; a request may have at most "
+                                f"{self.max_prompt_tokens} (--max-prompt-tokens-per-request)",
+                           param=param, code="context_length_exceeded")
+        return token_ids
+
     # --- endpoints ------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await read_json_body(request)
@@ -102,11 +134,15 @@ class OpenAIServing:
         self.check_model(req.model)
         self.check_priority(req)
         req.params = dataclasses.replace(req.params, structured_outputs=req.constraint)
-        return await self._generate(request, req, req.prompts)
+        token_ids = await self.tokenize_prompts(req.prompts, "prompt")
+        check_prompt_logprob_entries(req, sum(map(len, token_ids)))
+        return await self._generate(request, req, req.prompts, token_ids)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         req, prompt, tools = await self.prepare_chat(await read_json_body(request))
-        return await self._generate(request, req, [prompt], tools)
+        token_ids = await self.tokenize_prompts([prompt], "messages")
+        check_prompt_logprob_entries(req, len(token_ids[0]))
+        return await self._generate(request, req, [prompt], token_ids, tools)
 
     async def prepare_chat(self, body: dict) -> tuple[GenerationRequest, str, tool_calls.ToolSpec]:
         """A chat body -> (its request with the sampling params and output constraint, the prompt
@@ -125,16 +161,21 @@ class OpenAIServing:
         try:
             prompt = await self.engine.off_loop(
                 tool_calls.render_chat, self.engine.tokenizer, req.messages, tools,
-                add_generation_prompt=req.add_generation_prompt, **req.chat_template_kwargs)
+                add_generation_prompt=req.add_generation_prompt, work_chars=text_chars(req.messages),
+                **req.chat_template_kwargs)
         except (ValueError, TypeError) as exc:
             raise APIError(400, str(exc), param="messages", code="invalid_value") from None
+        except Exception as exc:   # noqa: BLE001 - overloaded, timed out: an HTTP error each
+            raise engine_error(exc) from None
         return req, prompt, tools
 
     # --- generation -----------------------------------------------------------------------
-    async def _admit(self, req: GenerationRequest, prompts: list, response_id: str) -> list[RequestStream]:
+    async def _admit(self, req: GenerationRequest, prompts: list, token_ids: list[list[int]],
+                     response_id: str) -> list[RequestStream]:
         admissions = [self.engine.add_request(p, req.params, request_id=f"{response_id}-{i}",
-                                              priority=req.priority, cache_salt=req.cache_salt)
-                      for i, p in enumerate(prompts)]
+                                              priority=req.priority, cache_salt=req.cache_salt,
+                                              prompt_token_ids=ids if isinstance(p, str) else None, prompt_index=i)
+                      for i, (p, ids) in enumerate(zip(prompts, token_ids, strict=True))]
         results = await asyncio.gather(*admissions, return_exceptions=True)
         streams = [r for r in results if isinstance(r, RequestStream)]
         errors = [r for r in results if not isinstance(r, RequestStream)]
@@ -151,10 +192,10 @@ class OpenAIServing:
         return streams
 
     async def _generate(self, request: web.Request, req: GenerationRequest, prompts: list,
-                        tools: tool_calls.ToolSpec = tool_calls.NO_TOOLS):
+                        token_ids: list[list[int]], tools: tool_calls.ToolSpec = tool_calls.NO_TOOLS):
         prefix = "chatcmpl-" if req.kind == "chat" else "cmpl-"
         response_id = prefix + uuid.uuid4().hex
-        streams = await self._admit(req, prompts, response_id)
+        streams = await self._admit(req, prompts, token_ids, response_id)
         try:
             ctx = _Context(self, req, response_id, prompts, tools)
             if req.stream:
@@ -213,6 +254,35 @@ class OpenAIServing:
         except ConnectionError:
             pass
         return response
+
+
+def text_chars(messages: list[dict]) -> int:
+    """The characters of a conversation's text contents (which worker threads render it)."""
+    total = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(part.get("text") or "") for part in content if isinstance(part, dict))
+    return total
+
+
+def check_prompt_logprob_entries(req: GenerationRequest, num_prompt_tokens: int) -> None:
+    """A 400 when the prompt logprobs asked for would make a response of more than
+    MAX_PROMPT_LOGPROB_ENTRIES entries: prompt_logprobs (and a completion's echoed logprobs) come
+    once per choice of a completion, once per chat response."""
+    copies = req.params.n if req.kind == "completion" else 1
+    asked = [("prompt_logprobs", req.prompt_logprobs)]
+    if req.echo and req.params.logprobs is not None:
+        asked.append(("logprobs", req.params.logprobs))
+    entries = sum(num_prompt_tokens * copies * (k + 1) for _, k in asked if k is not None)
+    if entries > MAX_PROMPT_LOGPROB_ENTRIES:
+        param = next(name for name, k in asked if k is not None)
+        raise APIError(400, f"the prompt logprobs asked for ({param}, {num_prompt_tokens} prompt tokens, "
+                            f"{copies} choice(s) each) would make {entries} entries; a response may carry at most "
+                            f"{MAX_PROMPT_LOGPROB_ENTRIES}: ask for fewer top logprobs, prompt tokens or choices",
+                       param=param, code="invalid_value")
 
 
 class _Context:

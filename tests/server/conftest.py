@@ -11,15 +11,16 @@ from ember_cupy.server import AsyncEngine, BackgroundServer, EngineMetrics, Serv
 
 @pytest.fixture(scope="session")
 def start_server(checkpoint):
-    """start_server(engine_fields..., settings_fields...) -> a running BackgroundServer on the
-    shared checkpoint; every server started is stopped at the end of the session."""
+    """start_server(settings={...}, async_engine={AsyncEngine arguments}, engine_fields...) -> a
+    running BackgroundServer on the shared checkpoint; every server started is stopped at the end
+    of the session."""
     servers = []
 
-    def start(settings: dict | None = None, engine_factory=None, **config):
+    def start(settings: dict | None = None, engine_factory=None, async_engine: dict | None = None, **config):
         config = {"num_kv_blocks": 256, "max_model_len": MAX_MODEL_LEN, "block_size": BLOCK_SIZE, **config}
         cfg = EngineConfig(**config)
         llm_engine = (engine_factory or LLMEngine)(checkpoint, cfg)
-        engine = AsyncEngine(llm_engine, metrics=EngineMetrics(MODEL))
+        engine = AsyncEngine(llm_engine, metrics=EngineMetrics(MODEL), **(async_engine or {}))
         fields = {"host": "127.0.0.1", "port": 0, "served_model_names": [MODEL], "max_body_bytes": BODY_LIMIT,
                   **(settings or {})}
         server = BackgroundServer(engine, ServerSettings(**fields)).start()

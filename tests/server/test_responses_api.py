@@ -180,6 +180,10 @@ BAD = [
     ({"input": "Hi", "background": True}, "background", "invalid_value"),
     ({"input": "Hi", "previous_response_id": "resp_missing"}, "previous_response_id",
      "previous_response_not_found"),
+    # OpenAI's bounds on metadata: 16 pairs, keys of at most 64 characters, values of at most 512
+    ({"input": "Hi", "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", "invalid_value"),
+    ({"input": "Hi", "metadata": {"k" * 65: "v"}}, "metadata", "invalid_value"),
+    ({"input": "Hi", "metadata": {"k": "v" * 513}}, "metadata", "invalid_value"),
 ]
 
 
@@ -201,7 +205,7 @@ def test_an_unknown_model_is_a_404(base_url):
 
 def test_the_store_is_bounded_in_count_age_and_size():
     now = [0.0]
-    store = ResponseStore(max_responses=2, ttl_seconds=10, max_chars=200, clock=lambda: now[0])
+    store = ResponseStore(max_responses=2, ttl_seconds=10, max_bytes=200, clock=lambda: now[0])
     message = [{"role": "user", "content": "x" * 40}]
     for name in ("a", "b", "c"):
         store.put({"id": name}, message)
@@ -212,6 +216,35 @@ def test_the_store_is_bounded_in_count_age_and_size():
     assert store.get("huge") is None                                        # never fits
     now[0] = 11
     assert store.get("big") is None and len(store) == 0                     # age
+
+
+def test_metadata_at_openai_limits_is_accepted_and_echoed(client):
+    metadata = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}
+    assert create(client, input="Hi", store=False, max_output_tokens=1, metadata=metadata).metadata == metadata
+
+
+def test_chat_metadata_has_the_same_limits(base_url):
+    status, _, raw = http(base_url, "POST", "/v1/chat/completions",
+                          {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+                           "metadata": {f"k{i}": "v" for i in range(17)}})
+    assert status == 400 and json.loads(raw)["error"]["param"] == "metadata", raw
+
+
+def test_the_store_counts_every_stored_field_against_its_byte_bound(start_server):
+    """text.format, instructions, tools and metadata are kept with the response: they count.
+    Three responses with 40 KB of text.format description each cannot all stay in 100 KB."""
+    small = start_server(settings={"response_store_bytes": 100_000})
+    ids = []
+    for index in range(3):
+        text = {"format": {"type": "json_object", "description": f"{index}" + "d" * 40_000}}
+        status, _, raw = http(small.url, "POST", "/v1/responses",
+                              {"model": MODEL, "input": "Hi", "max_output_tokens": 1, "text": text})
+        assert status == 200, raw
+        ids.append(json.loads(raw)["id"])
+    statuses = [http(small.url, "GET", f"/v1/responses/{i}")[0] for i in ids]
+    assert statuses == [404, 200, 200]
+    status, _, raw = http(small.url, "GET", f"/v1/responses/{ids[-1]}")
+    assert json.loads(raw)["text"]["format"]["description"].startswith("2ddd")
 
 
 def test_every_documented_field_is_accepted(spec, base_url):

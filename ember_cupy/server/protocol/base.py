@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BeforeValidator,
     BaseModel,
     ConfigDict,
@@ -85,3 +86,26 @@ def one_of(description: str, *types):
     for t in types[1:]:
         union = union | t
     return Annotated[union, WrapValidator(validate)]
+
+
+# OpenAI's bounds on `metadata`: 16 pairs, keys of at most 64 characters, values of at most 512
+METADATA_MAX_PAIRS = 16
+METADATA_MAX_KEY_CHARS = 64
+METADATA_MAX_VALUE_CHARS = 512
+
+
+def check_metadata(metadata: dict[str, str]) -> dict[str, str]:
+    if len(metadata) > METADATA_MAX_PAIRS:
+        raise ValueError(f"at most {METADATA_MAX_PAIRS} key-value pairs, got {len(metadata)}")
+    for key, value in metadata.items():
+        if len(key) > METADATA_MAX_KEY_CHARS:
+            raise ValueError(f"keys have at most {METADATA_MAX_KEY_CHARS} characters, got {len(key)}")
+        if len(value) > METADATA_MAX_VALUE_CHARS:
+            raise ValueError(f"values have at most {METADATA_MAX_VALUE_CHARS} characters, "
+                             f"got {len(value)} (key {key[:METADATA_MAX_KEY_CHARS]!r})")
+    return metadata
+
+
+METADATA_DESCRIPTION = (f"At most {METADATA_MAX_PAIRS} pairs; keys of at most {METADATA_MAX_KEY_CHARS} "
+                        f"characters, values of at most {METADATA_MAX_VALUE_CHARS}.")
+Metadata = Annotated[dict[str, str], AfterValidator(check_metadata)]

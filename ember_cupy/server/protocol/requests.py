@@ -23,8 +23,10 @@ from ember_cupy.sampling_params import (
     MIN_REPETITION_PENALTY,
 )
 from ember_cupy.server.protocol.base import (
+    METADATA_DESCRIPTION,
     NULL_IS_ABSENT,
     Integer,
+    Metadata,
     ProtocolModel,
     integral_float_as_int,
     check_token_ids,
@@ -105,7 +107,7 @@ class SamplingFields(ProtocolModel):
                                         description="Top-k logprobs of every prompt token (vLLM).", examples=[1])
     structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's output constraints.")
     user: str | None = Field(None, description=IGNORED, examples=["user-1"])
-    metadata: dict[str, str] | None = Field(None, description=IGNORED, examples=[{"k": "v"}])
+    metadata: Metadata | None = Field(None, description=IGNORED + " " + METADATA_DESCRIPTION, examples=[{"k": "v"}])
     store: bool | None = Field(None, description=IGNORED, examples=[False])
     service_tier: str | None = Field(None, description=IGNORED, examples=["auto"])
 

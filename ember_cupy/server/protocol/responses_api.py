@@ -8,7 +8,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from ember_cupy.server.protocol.base import NULL_IS_ABSENT, Integer, ProtocolModel, ResponseModel, one_of
+from ember_cupy.server.protocol.base import (
+    METADATA_DESCRIPTION,
+    NULL_IS_ABSENT,
+    Integer,
+    Metadata,
+    ProtocolModel,
+    ResponseModel,
+    one_of,
+)
 from ember_cupy.server.protocol.requests import IGNORED
 from ember_cupy.server.protocol.tools import NAME_PATTERN
 
@@ -141,7 +149,8 @@ class ResponsesRequest(ProtocolModel):
     tools: list[FunctionTool] | None = Field(None, description="Functions the model may call.")
     tool_choice: ResponsesToolChoice | None = Field(None, examples=["auto"])
     parallel_tool_calls: bool | None = Field(None, examples=[False])
-    metadata: dict[str, str] | None = Field(None, description="Echoed in the response.", examples=[{"k": "v"}])
+    metadata: Metadata | None = Field(None, description="Echoed in the response. " + METADATA_DESCRIPTION,
+                                      examples=[{"k": "v"}])
     # fields of OpenAI's Responses API with no effect here
     user: str | None = Field(None, description=IGNORED, examples=["user-1"])
     safety_identifier: str | None = Field(None, description=IGNORED, examples=["user-hash"])

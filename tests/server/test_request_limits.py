@@ -1,0 +1,161 @@
+"""The work one request may ask for, and what it may make others wait for (issue 24 items 4 and 5),
+over HTTP on the real model: prompt tokens per request, prompt-logprob responses, a small request
+interleaved with a huge one, and the work before admission (tokenizing, chat templates) counted
+against --max-waiting, on threads of its own for small texts, and bounded in time."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from server_helpers import MODEL, http, parallel
+
+from ember_cupy.engine.llm_engine import LLMEngine
+
+SLOW_MARKER = "SLOW"        # a text that the slowed tokenizer takes SLOW_SECONDS for
+SLOW_SECONDS = 1.5
+LARGE_CHARS = 100_000       # and a text this long LARGE_SECONDS
+LARGE_SECONDS = 3.0
+
+
+def ids(count: int, start: int = 1000) -> list[int]:
+    return [start + i % 500 for i in range(count)]
+
+
+def chat(url: str, content: str = "Hi", **fields) -> tuple[int, dict, bytes]:
+    return http(url, "POST", "/v1/chat/completions",
+                {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 1, **fields})
+
+
+def error_of(raw: bytes) -> dict:
+    return json.loads(raw)["error"]
+
+
+# --- prompt tokens per request ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def capped(start_server):
+    return start_server(settings={"max_prompt_tokens_per_request": 1000})
+
+
+@pytest.mark.parametrize("path,field", [("/v1/embeddings", "input"), ("/v1/completions", "prompt")])
+def test_the_prompt_tokens_of_one_request_are_capped(capped, path, field):
+    body = {"model": MODEL, field: [ids(400), ids(400), ids(400)]}
+    if path == "/v1/completions":
+        body["max_tokens"] = 1
+    status, _, raw = http(capped.url, "POST", path, body)
+    assert status == 400, raw[:300]
+    error = error_of(raw)
+    assert error["param"] == field and "1200 tokens" in error["message"] and "at most 1000" in error["message"]
+    assert "--max-prompt-tokens-per-request" in error["message"]
+    body[field] = body[field][:2]
+    assert http(capped.url, "POST", path, body)[0] == 200
+
+
+def test_a_chat_prompt_past_the_cap_is_refused(capped):
+    status, _, raw = chat(capped.url, "word " * 1200)
+    assert status == 400 and error_of(raw)["param"] == "messages", raw[:300]
+
+
+# --- prompt logprobs --------------------------------------------------------------------------
+def test_prompt_logprobs_that_would_make_a_huge_response_are_refused(base_url):
+    # 4 x 400 prompt tokens, each echoed with 20 logprobs and given 20 prompt_logprobs, twice (n=2):
+    # 134,400 entries (~10 MB of JSON; 64 prompts of 390 tokens made 101 MB)
+    body = {"model": MODEL, "prompt": [ids(400, 1000 + 7 * i) for i in range(4)], "max_tokens": 1, "n": 2,
+            "echo": True, "logprobs": 20, "prompt_logprobs": 20}
+    status, _, raw = http(base_url, "POST", "/v1/completions", body)
+    assert status == 400, raw[:300]
+    error = error_of(raw)
+    assert error["param"] == "prompt_logprobs" and "at most 131072" in error["message"], error
+    small = {**body, "prompt": [ids(40)]}
+    status, _, raw = http(base_url, "POST", "/v1/completions", small)
+    assert status == 200 and len(json.loads(raw)["choices"][0]["prompt_logprobs"]) == 40
+
+
+# --- a small request beside a huge one --------------------------------------------------------
+@pytest.mark.parametrize("inputs,tokens", [(12, 500), (60, 100)], ids=["long-inputs", "many-short-inputs"])
+def test_a_small_chat_is_not_queued_behind_a_huge_embedding_request(base_url, inputs, tokens):
+    """12 embedding inputs of 500 tokens, or 60 of 100, are 6 steps of 1,024 tokens; a 2-token chat
+    sent while they run starts at the next step, not in the last input's step: long
+    prompts leave a share of each step to short ones, and a request's later inputs wait behind
+    other requests' first ones."""
+    finished = {}
+
+    def embed():
+        status, _, _ = http(base_url, "POST", "/v1/embeddings",
+                            {"model": MODEL, "input": [ids(tokens, 1000 + 11 * i) for i in range(inputs)]},
+                            timeout=300)
+        finished["embeddings"] = time.monotonic()
+        return status
+
+    def small_chat():
+        time.sleep(0.5)
+        status = chat(base_url, "Hello there", max_tokens=2)[0]
+        finished["chat"] = time.monotonic()
+        return status
+
+    assert parallel(embed, small_chat) == [200, 200]
+    assert finished["chat"] < finished["embeddings"], finished
+
+
+# --- the work before admission ----------------------------------------------------------------
+class SlowTokenizer:
+    """The real tokenizer, slowed down for marked or large texts: preparation that takes long."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+
+    def encode(self, text, *args, **kwargs):
+        if SLOW_MARKER in text:
+            time.sleep(SLOW_SECONDS)
+        elif len(text) > LARGE_CHARS:
+            time.sleep(LARGE_SECONDS)
+        return self._tokenizer.encode(text, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
+def slow_tokenizing_engine(checkpoint, config) -> LLMEngine:
+    engine = LLMEngine(checkpoint, config)
+    engine.tokenizer = SlowTokenizer(engine.tokenizer)
+    return engine
+
+
+@pytest.fixture(scope="module")
+def slow(start_server):
+    return start_server(engine_factory=slow_tokenizing_engine, max_waiting=2)
+
+
+def test_requests_still_being_tokenized_count_toward_max_waiting(slow):
+    """8 large texts that take 3 s each to tokenize, at once: 2 run on the 2 large-text threads, 2
+    wait, the rest are refused as --max-waiting 2 refuses requests waiting for a sequence slot."""
+    large = {"model": MODEL, "prompt": "word " * 30_000}
+    results = parallel(*[lambda: http(slow.url, "POST", "/tokenize", large) for _ in range(8)])
+    statuses = sorted(status for status, _, _ in results)
+    assert statuses.count(200) >= 2 and statuses.count(503) >= 1, statuses
+    refused = [(headers, raw) for status, headers, raw in results if status == 503]
+    assert all(error_of(raw)["code"] == "server_overloaded" and "Retry-After" in headers for headers, raw in refused)
+
+
+def test_a_small_request_is_not_queued_behind_large_tokenizations(slow):
+    """4 /tokenize calls of 150 KB texts take both large-text threads for 6 s; a chat is tokenized
+    on the small-text threads meanwhile."""
+    large = {"model": MODEL, "prompt": "word " * 30_000}
+
+    def small_chat():
+        time.sleep(0.3)
+        start = time.monotonic()
+        status = chat(slow.url)[0]
+        return status, time.monotonic() - start
+
+    results = parallel(*[lambda: http(slow.url, "POST", "/tokenize", large)[0] for _ in range(4)], small_chat)
+    assert results[:4] == [200] * 4
+    status, seconds = results[4]
+    assert status == 200 and seconds < LARGE_SECONDS - 0.5, seconds
+
+
+def test_preparation_past_the_prepare_timeout_is_a_408(start_server):
+    impatient = start_server(engine_factory=slow_tokenizing_engine, async_engine={"prepare_timeout": 0.5})
+    status, _, raw = chat(impatient.url, f"{SLOW_MARKER} please")
+    assert status == 408 and error_of(raw)["code"] == "timeout", raw[:300]
+    assert chat(impatient.url)[0] == 200
