@@ -204,8 +204,9 @@ def test_stop_tokens_end_sequences_in_the_scheduler():
 
 
 def test_a_fork_gets_its_own_copy_of_the_constraint_state():
-    class Constraint:   # what the scheduler asks of a constraint state: fork(), is_finished
+    class Constraint:   # what the scheduler asks of a constraint state: fork(), is_finished, failed
         is_finished = False
+        failed = False
 
         def __init__(self, consumed):
             self.consumed = consumed
