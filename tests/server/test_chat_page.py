@@ -139,7 +139,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# Runs in the page (Runtime.evaluate, awaited): types the API key in, then sends
+# Runs in the page (Runtime.evaluate, awaited): ignores ?api_key=, types the key in, then sends
 # each prompt once the previous reply has finished; the DOM's facts as JSON.
 CONVERSATION = """(async () => {
   const $ = id => document.getElementById(id);
@@ -214,7 +214,7 @@ async def _drive_browser(port: int, script: str, timeout: float = 240) -> tuple[
 def test_a_real_browser_chats_three_turns(keyed, tmp_path):
     import asyncio
     prompts = ["Say hello.", "Name a colour.", "Count to three."]
-    url = f"{keyed}/?max_tokens=8&temperature=0&system=Be%20brief."
+    url = f"{keyed}/?max_tokens=8&temperature=0&system=Be%20brief.&api_key={API_KEY}"   # the key: ignored
     port = _free_port()
     browser = subprocess.Popen([CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run",
                                 f"--user-data-dir={tmp_path / 'profile'}", f"--remote-debugging-port={port}",
@@ -225,6 +225,7 @@ def test_a_real_browser_chats_three_turns(keyed, tmp_path):
     finally:
         browser.terminate()
         browser.wait(30)
+    assert facts["keyFromUrl"] == "", "the page took an API key from its URL"
     assert facts["users"] == prompts, facts
     assert [r["state"] for r in facts["replies"]] == ["done"] * 3 and all(r["text"].strip() for r in facts["replies"]), facts
     assert facts["status"].startswith("done ("), facts
