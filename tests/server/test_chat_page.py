@@ -6,6 +6,8 @@ where one is installed, and the test says why it is skipped where none is.
 """
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import re
 import shutil
@@ -39,6 +41,25 @@ def test_pages_are_public_self_contained_html(keyed, path):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html), "the page loads something remote"
     assert not re.search(r"""@import|import\s*\(|from\s+["']https?:""", html)
     assert "<script>" in html
+
+
+def _csp_hash(text: str) -> str:
+    """A CSP hash-source (CSP Level 3, 'hash-source'): base64 of the block's UTF-8 SHA-256."""
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+@pytest.mark.parametrize("path", ["/", "/docs"])
+def test_pages_admit_only_their_own_inline_code(keyed, path):
+    status, headers, body = http(keyed, "GET", path)
+    html = body.decode()
+    policy = dict(d.strip().split(" ", 1) for d in headers["Content-Security-Policy"].split(";"))
+    for tag in ("script", "style"):
+        blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", html, re.S)
+        assert blocks and policy[f"{tag}-src"].split() == [_csp_hash(b) for b in blocks], (tag, policy)
+    assert policy["default-src"] == policy["frame-ancestors"] == policy["base-uri"] == "'none'", policy
+    assert policy["connect-src"] == "'self'", policy
+    assert not re.search(r"""<[^>]*\son[a-z]+\s*=|javascript:""", html), "inline handlers would be blocked"
+    assert headers["X-Frame-Options"] == "DENY" and headers["X-Content-Type-Options"] == "nosniff"
 
 
 def _script(html: str) -> str:
@@ -159,7 +180,7 @@ CONVERSATION = """(async () => {
     const replies = () => document.querySelectorAll(".message.assistant, .message.error");
     if (!await until(() => replies().length === i + 1 && replies()[i].dataset.state !== "streaming")) break;
   }
-  return JSON.stringify({keyFromUrl, status: $("status").textContent,
+  return JSON.stringify({keyFromUrl, status: $("status").textContent, layout: getComputedStyle(document.body).display,
     users: [...document.querySelectorAll(".message.user .text")].map(e => e.textContent),
     replies: [...document.querySelectorAll(".message.assistant, .message.error")].map(
       e => ({state: e.dataset.state, text: e.querySelector(".text").textContent}))});
@@ -228,7 +249,7 @@ def test_a_real_browser_chats_three_turns(keyed, tmp_path):
     assert facts["keyFromUrl"] == "", "the page took an API key from its URL"
     assert facts["users"] == prompts, facts
     assert [r["state"] for r in facts["replies"]] == ["done"] * 3 and all(r["text"].strip() for r in facts["replies"]), facts
-    assert facts["status"].startswith("done ("), facts
+    assert facts["status"].startswith("done (") and facts["layout"] == "flex", facts   # its <style> applied
     (tmp_path / "chat.png").write_bytes(png)
     assert png.startswith(b"\x89PNG") and len(png) > 1000
 
