@@ -151,6 +151,7 @@ console.log(JSON.stringify({html: docs.render(spec)}));
         for method in item:
             assert f'id="{method} {path}"' in html, (method, path)
     assert "<code>messages</code> *" in html      # the chat request's required field, from its schema
+    assert '<code>response_id</code> *</td><td class="type">path' in html   # a path parameter
 
 
 def _free_port() -> int:
