@@ -18,10 +18,19 @@ def test_numpy_when_forced(monkeypatch):
 
 
 def test_auto_falls_back_to_numpy_without_a_device(monkeypatch):
+    """A driver is there but CuPy finds no usable device: NumPy, not an error."""
     monkeypatch.delenv("EMBER_BACKEND", raising=False)
-    cupy, reason = backend._cupy_or_reason()
-    expected = "cupy" if cupy is not None else "numpy"
-    assert backend.get_backend_name() == expected
+    monkeypatch.setattr(backend, "nvidia_driver_visible", lambda: True)
+    monkeypatch.setattr(backend, "_cupy_or_reason", lambda: (None, "no CUDA device is visible"))
+    assert backend.get_backend_name() == "numpy"
+    assert backend.get_xp() is np
+
+
+def test_auto_picks_cupy_when_a_device_is_usable(monkeypatch):
+    monkeypatch.delenv("EMBER_BACKEND", raising=False)
+    monkeypatch.setattr(backend, "nvidia_driver_visible", lambda: True)
+    monkeypatch.setattr(backend, "_cupy_or_reason", lambda: (object(), ""))
+    assert backend.get_backend_name() == "cupy"
 
 
 def test_no_driver_means_numpy_without_importing_cupy(monkeypatch):

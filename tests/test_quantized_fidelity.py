@@ -39,7 +39,6 @@ import numpy as np
 import pytest
 
 from ember_cupy import LLM, SamplingParams
-from ember_cupy.config import EngineConfig
 from ember_cupy.sampling_params import MAX_LOGPROBS
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "reference_teacher_forced.json")
@@ -55,10 +54,6 @@ NONE_MAX_KL = 1e-3
 NONE_FLIP_GAP = 1e-2
 
 MODES = ("auto", "none")
-
-
-def _engine_has_quantization() -> bool:
-    return "quantization" in {f.name for f in dataclasses.fields(EngineConfig)}
 
 
 def _xlogx_over(p: float, q: float) -> float:
@@ -140,8 +135,6 @@ def score(prompt: dict, output) -> PromptStats:
 def fidelity(request, checkpoint):
     """(mode, {name: PromptStats}): all sequences in one generate call per mode."""
     mode = request.param
-    if not _engine_has_quantization():
-        pytest.skip("EngineConfig has no field `quantization` yet (LLM(..., quantization=...))")
     llm = LLM(checkpoint, quantization=mode)   # default chunking: 1043 tokens in ~2 steps
     names = sorted(PROMPTS)
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True,
@@ -208,8 +201,6 @@ def test_teacher_forced_fidelity(fidelity, name):
 
 def test_the_second_pass_threshold_reaches_the_kernels(checkpoint):
     """A threshold no block reaches is the single pass bit for bit; 0 (every block) differs."""
-    if not _engine_has_quantization():
-        pytest.skip("EngineConfig has no field `quantization` yet")
     prompt = PROMPTS["vietnamese_emoji"]["input_ids"]
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
 

@@ -11,7 +11,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from ember_cupy.ray_serve.ingress import OpenAIIngress
+from ember_cupy.ray_serve.ingress import MAX_ONGOING_REQUESTS, OpenAIIngress
 from ember_cupy.ray_serve.prefix_router import PrefixAwareRouter
 from ember_cupy.ray_serve.replica import EngineReplica
 from ember_cupy.ray_serve.round_robin_router import RoundRobinRouter
@@ -32,6 +32,7 @@ class RayServeArgs(BaseModel):
     num_gpus_per_replica: float = 0.0
     num_threads_per_replica: int | None = None     # EMBER_NUM_THREADS of each replica (host kernels)
     max_ongoing_requests: int = 128                # per engine replica (Serve's default, 5, starves batching)
+    ingress_max_ongoing_requests: int = Field(MAX_ONGOING_REQUESTS, ge=1)  # streams the ingress relays at once
     router: Literal["prefix", "round_robin", "power_of_two"] = "prefix"
     router_kwargs: dict = Field(default_factory=dict)   # PrefixAwareRouter.initialize_state's
     routing_stats_period_s: float = 0.5
@@ -45,13 +46,15 @@ class RayServeArgs(BaseModel):
 def build(args: RayServeArgs | dict | None = None) -> Application:
     args = args if isinstance(args, RayServeArgs) else RayServeArgs(**(args or {}))
     replica = serve.deployment(EngineReplica, name="EngineReplica", **_replica_options(args))
-    ingress = serve.deployment(OpenAIIngress, name="OpenAIIngress", max_ongoing_requests=1024,
+    ingress = serve.deployment(OpenAIIngress, name="OpenAIIngress",
+                               max_ongoing_requests=args.ingress_max_ongoing_requests,
                                ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": _env(args)}})
     engines = replica.bind(model=args.model, engine_config=args.engine_config,
                            served_model_name=args.served_model_name[0], max_waiting=args.max_waiting,
                            stream_stall_timeout=args.stream_stall_timeout)
     settings = {"served_model_names": args.served_model_name, **args.server_settings}
-    return ingress.bind(engines, model=args.model, server_settings=settings)
+    return ingress.bind(engines, model=args.model, server_settings=settings,
+                        max_ongoing_requests=args.ingress_max_ongoing_requests)
 
 
 def _replica_options(args: RayServeArgs) -> dict:

@@ -31,12 +31,14 @@ from ember_cupy.server.metrics import CONTENT_TYPE_LATEST
 _NOT_RELAYED = {"connection", "keep-alive", "transfer-encoding", "upgrade", "proxy-connection",
                 "te", "trailer", "content-length", "host"}
 PROBE_TIMEOUT_S = 10.0   # for every replica to answer a /health or /metrics fan-out
+MAX_ONGOING_REQUESTS = 1024   # the ingress's Serve limit (app.py), and so its loopback connections
 
 
 class OpenAIIngress:
     """Ray Serve deployment class (app.py wraps it in serve.deployment)."""
 
-    async def __init__(self, engine_handle, model: str | None = None, server_settings: dict | None = None):
+    async def __init__(self, engine_handle, model: str | None = None, server_settings: dict | None = None,
+                       max_ongoing_requests: int = MAX_ONGOING_REQUESTS):
         self.engine = RemoteEngine(engine_handle, model)
         settings = ServerSettings(**{**(server_settings or {}), "host": "127.0.0.1", "port": 0,
                                      "model_path": model})
@@ -44,8 +46,7 @@ class OpenAIIngress:
         await self.server.start()
         await self.server.wait_ready()
         self.base_url = f"http://127.0.0.1:{self.server.port}"
-        # no total timeout: a stream lasts as long as its generation; the app bounds the rest
-        self.session = aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None))
+        self.session = _relay_session(max_ongoing_requests)
         self.fleet_routes = {"/health": self.health, "/metrics": self.metrics}
 
     async def __call__(self, request: Request) -> Response:
@@ -83,6 +84,15 @@ class OpenAIIngress:
     def check_health(self) -> None:
         if not self.engine.is_ready:
             raise RuntimeError(self.engine.error or f"the ingress engine is {self.engine.state.value}")
+
+
+def _relay_session(max_connections: int) -> aiohttp.ClientSession:
+    """One loopback connection for each request Serve may hand this replica at once (aiohttp's
+    default of 100 would queue the rest); no total timeout: a stream lasts as long as its
+    generation, and the app bounds the rest."""
+    connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=max_connections)
+    return aiohttp.ClientSession(connector=connector, auto_decompress=False,
+                                 timeout=aiohttp.ClientTimeout(total=None))
 
 
 async def _relay(upstream: aiohttp.ClientResponse):

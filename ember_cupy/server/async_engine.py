@@ -28,6 +28,7 @@ from ember_cupy.engine.pooling import PoolingParams
 from ember_cupy.outputs import DeltaAccumulator, OutputKind, RequestOutput
 from ember_cupy.sampling_params import SamplingParams
 from ember_cupy.server.access_log import RequestUsage, current_usage
+from ember_cupy.server.errors import one_line
 from ember_cupy.server.metrics import EngineMetrics
 
 log = logging.getLogger("ember_cupy.server")
@@ -546,7 +547,7 @@ class AsyncEngine:
     def _die(self, exc: BaseException, what: str) -> None:
         log.exception("%s: %s", what, exc, exc_info=exc)
         self.state = EngineState.DEAD
-        self.error = f"{what}: {type(exc).__name__}: {exc}"
+        self.error = one_line(f"{what}: {type(exc).__name__}: {exc}")   # the log has the traceback
         error = EngineDeadError(self.error)
         for stream in self._streams.values():
             stream._put(error)

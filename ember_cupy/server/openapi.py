@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import re
 
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
@@ -43,6 +44,9 @@ ROUTES = [
     ("get", "/docs", "This document as a browsable API reference", None, HTML, ()),
 ]
 STREAMED = {A.Completion: A.Completion, A.ChatCompletion: A.ChatCompletionChunk}
+# what each {name} of a route's path is
+PATH_PARAMETERS = {"model": "One of the served model names (GET /v1/models lists them)",
+                   "response_id": "The id of a response created with store=true (resp_...)"}
 
 
 class _NoTitles(GenerateJsonSchema):
@@ -92,6 +96,10 @@ def _operation(path: str, summary: str, request, response, errors) -> dict:
         operation["security"] = [{"bearer": []}, {}]
     if request is not None:
         operation["requestBody"] = {"required": True, **_json(_ref(request))}
+    parameters = [{"name": name, "in": "path", "required": True, "description": PATH_PARAMETERS[name],
+                   "schema": {"type": "string"}} for name in re.findall(r"\{(\w+)\}", path)]
+    if parameters:
+        operation["parameters"] = parameters
     return operation
 
 

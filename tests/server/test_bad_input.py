@@ -7,7 +7,7 @@ import json
 import pytest
 from server_helpers import BODY_LIMIT, MAX_MODEL_LEN, MODEL, http, metric
 
-C, CH = "/v1/completions", "/v1/chat/completions"
+C, CH, R, E = "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings"
 MSG = [{"role": "user", "content": "hi"}]
 
 
@@ -181,6 +181,15 @@ CASES = [
     ("detokenize-missing", "POST", "/detokenize", {}, {}, 400, "tokens"),
     ("detokenize-bad-ids", "POST", "/detokenize", {"tokens": [1, "a"]}, {}, 400, "tokens"),
     ("detokenize-out-of-vocab", "POST", "/detokenize", {"tokens": [10_000_000]}, {}, 400, "tokens"),
+    # the Responses API and embeddings
+    ("responses-malformed-json", "POST", R, b'{"input": ', JSON, 400, None),
+    ("responses-deep-json", "POST", R, deep(5000, b"input"), JSON, 400, None),
+    ("responses-unknown-field", "POST", R, {"model": MODEL, "input": "hi", "temprature": 1}, {}, 400, "temprature"),
+    ("responses-surrogate-input", "POST", R, {"model": MODEL, "input": SURROGATE}, {}, 400, "input"),
+    ("embeddings-malformed-json", "POST", E, b'{"input": ', JSON, 400, None),
+    ("embeddings-deep-json", "POST", E, deep(5000, b"input"), JSON, 400, None),
+    ("embeddings-missing-input", "POST", E, {"model": MODEL}, {}, 400, "input"),
+    ("embeddings-surrogate-input", "POST", E, {"model": MODEL, "input": SURROGATE}, {}, 400, "input"),
 ]
 
 
@@ -198,8 +207,15 @@ def test_bad_input(base_url, case):
         assert error["param"] == param or error["param"].startswith((param + "[", param + ".")), error
 
 
-def test_matrix_is_large_enough():
-    assert len(CASES) >= 40
+def test_matrix_reaches_every_json_endpoint(base_url):
+    """Each POST route of /openapi.json has a case of bad JSON syntax and one of a bad field."""
+    assert len({c[0] for c in CASES}) == len(CASES), "two cases share an id"
+    spec = json.loads(http(base_url, "GET", "/openapi.json")[2])
+    endpoints = {path for path, item in spec["paths"].items() if "post" in item}
+    syntax = {c[2] for c in CASES if c[1] == "POST" and isinstance(c[3], bytes) and c[5] == 400}
+    fields = {c[2] for c in CASES if c[1] == "POST" and isinstance(c[3], dict) and c[6] is not None}
+    assert endpoints and not endpoints - syntax, f"no bad JSON sent to {sorted(endpoints - syntax)}"
+    assert not endpoints - fields, f"no bad field sent to {sorted(endpoints - fields)}"
 
 
 def test_no_blocks_leaked_by_bad_input(base_url):

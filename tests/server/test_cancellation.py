@@ -8,6 +8,8 @@ import time
 import aiohttp
 from server_helpers import MODEL, metric
 
+from ember_cupy.engine.llm_engine import LLMEngine
+
 
 async def _sse_events(response):
     async for line in response.content:
@@ -95,25 +97,42 @@ def test_metrics_names(base_url):
         assert metric(base_url, name) is not None, name
 
 
-def test_non_streaming_client_timeout_aborts(base_url):
-    _wait_idle(base_url)
-    before = metric(base_url, "ember:request_success_total", finished_reason="abort") or 0.0
+class _HoldingEngine(LLMEngine):
+    """Runs steps until one yields output (a prompt's KV blocks taken, a first token), then runs
+    no more: a request it holds ends only by an abort, however fast the machine is."""
+    holding = False
+
+    def step(self):
+        if self.holding:
+            time.sleep(0.01)
+            return []
+        outputs = super().step()
+        self.holding = bool(outputs)
+        return outputs
+
+
+def test_non_streaming_client_timeout_aborts(start_server):
+    url = start_server(engine_factory=_HoldingEngine, num_kv_blocks=16).url
+
+    def running() -> bool:
+        return metric(url, "ember:num_requests_running") == 1
 
     async def run():
-        timeout = aiohttp.ClientTimeout(total=1.5)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            # 8 x 480 tokens: 480 decode steps of 8 sequences, seconds even on a fast quiet machine
-            # (300 tokens of one sequence finished within the 1.5 s)
-            body = {"model": MODEL, "prompt": "A very long answer:", "max_tokens": 480, "n": 8, "ignore_eos": True}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
+            body = {"model": MODEL, "prompt": "A very long answer:", "max_tokens": 100, "ignore_eos": True}
+            request = asyncio.ensure_future(session.post(url + "/v1/completions", json=body))
+            while not request.done() and not await asyncio.to_thread(running):
+                await asyncio.sleep(0.05)
+            assert metric(url, "ember:kv_cache_free_blocks") < metric(url, "ember:kv_cache_total_blocks")
             try:
-                async with session.post(base_url + "/v1/completions", json=body) as response:
+                async with await request as response:
                     await response.read()
             except TimeoutError:
                 return "timed out"
         return "finished"
 
     assert asyncio.run(run()) == "timed out"
-    _wait_idle(base_url)
-    assert metric(base_url, "ember:num_requests_running") == 0
-    assert metric(base_url, "ember:kv_cache_free_blocks") == metric(base_url, "ember:kv_cache_total_blocks")
-    assert metric(base_url, "ember:request_success_total", finished_reason="abort") == before + 1
+    _wait_idle(url)
+    assert metric(url, "ember:num_requests_running") == 0
+    assert metric(url, "ember:kv_cache_free_blocks") == metric(url, "ember:kv_cache_total_blocks")
+    assert metric(url, "ember:request_success_total", finished_reason="abort") == 1

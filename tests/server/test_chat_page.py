@@ -6,6 +6,8 @@ where one is installed, and the test says why it is skipped where none is.
 """
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import re
 import shutil
@@ -39,6 +41,25 @@ def test_pages_are_public_self_contained_html(keyed, path):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html), "the page loads something remote"
     assert not re.search(r"""@import|import\s*\(|from\s+["']https?:""", html)
     assert "<script>" in html
+
+
+def _csp_hash(text: str) -> str:
+    """A CSP hash-source (CSP Level 3, 'hash-source'): base64 of the block's UTF-8 SHA-256."""
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+@pytest.mark.parametrize("path", ["/", "/docs"])
+def test_pages_admit_only_their_own_inline_code(keyed, path):
+    status, headers, body = http(keyed, "GET", path)
+    html = body.decode()
+    policy = dict(d.strip().split(" ", 1) for d in headers["Content-Security-Policy"].split(";"))
+    for tag in ("script", "style"):
+        blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", html, re.S)
+        assert blocks and policy[f"{tag}-src"].split() == [_csp_hash(b) for b in blocks], (tag, policy)
+    assert policy["default-src"] == policy["frame-ancestors"] == policy["base-uri"] == "'none'", policy
+    assert policy["connect-src"] == "'self'", policy
+    assert not re.search(r"""<[^>]*\son[a-z]+\s*=|javascript:""", html), "inline handlers would be blocked"
+    assert headers["X-Frame-Options"] == "DENY" and headers["X-Content-Type-Options"] == "nosniff"
 
 
 def _script(html: str) -> str:
@@ -130,6 +151,7 @@ console.log(JSON.stringify({html: docs.render(spec)}));
         for method in item:
             assert f'id="{method} {path}"' in html, (method, path)
     assert "<code>messages</code> *" in html      # the chat request's required field, from its schema
+    assert '<code>response_id</code> *</td><td class="type">path' in html   # a path parameter
 
 
 def _free_port() -> int:
@@ -139,9 +161,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-async def _drive_browser(url: str, port: int, timeout: float = 120) -> tuple[dict, bytes]:
-    """Wait (DevTools protocol over aiohttp's websocket) until the page's reply has finished;
-    (the reply's DOM facts, a PNG screenshot)."""
+# Runs in the page (Runtime.evaluate, awaited): ignores ?api_key=, types the key in, then sends
+# each prompt once the previous reply has finished; the DOM's facts as JSON.
+CONVERSATION = """(async () => {
+  const $ = id => document.getElementById(id);
+  const until = async (ready, seconds = 60) => {
+    for (const end = Date.now() + seconds * 1000; !ready(); await new Promise(r => setTimeout(r, 100)))
+      if (Date.now() > end) return false;
+    return true;
+  };
+  await until(() => document.readyState === "complete");
+  const keyFromUrl = $("api-key").value;
+  $("api-key").value = %s;
+  $("api-key").dispatchEvent(new Event("change"));
+  await until(() => $("model").options.length > 0);
+  for (const [i, prompt] of %s.entries()) {
+    $("prompt").value = prompt;
+    $("composer").requestSubmit();
+    const replies = () => document.querySelectorAll(".message.assistant, .message.error");
+    if (!await until(() => replies().length === i + 1 && replies()[i].dataset.state !== "streaming")) break;
+  }
+  return JSON.stringify({keyFromUrl, status: $("status").textContent, layout: getComputedStyle(document.body).display,
+    users: [...document.querySelectorAll(".message.user .text")].map(e => e.textContent),
+    replies: [...document.querySelectorAll(".message.assistant, .message.error")].map(
+      e => ({state: e.dataset.state, text: e.querySelector(".text").textContent}))});
+})()"""
+
+
+async def _drive_browser(port: int, script: str, timeout: float = 240) -> tuple[dict, bytes]:
+    """Run `script` in the page Chromium opened (DevTools protocol over aiohttp's websocket);
+    (the facts it returns, a PNG screenshot)."""
     import asyncio
     import base64
 
@@ -169,39 +218,39 @@ async def _drive_browser(url: str, port: int, timeout: float = 120) -> tuple[dic
                     if message.get("id") == call_id:
                         return message["result"]
 
-            probe = """JSON.stringify((() => { const r = document.querySelector('.message.assistant');
-                return {state: r && r.dataset.state, text: r && r.querySelector('.text').textContent,
-                        users: document.querySelectorAll('.message.user').length,
-                        status: document.getElementById('status').textContent}; })())"""
-            while True:
-                result = await call("Runtime.evaluate", expression=probe, returnByValue=True)
-                loaded = "value" in result["result"]      # else the page is not there yet
-                facts = json.loads(result["result"]["value"]) if loaded else {"state": None}
-                if facts["state"] not in (None, "streaming") or time.monotonic() > deadline:
+            while True:   # until the chat page (not about:blank) has its elements
+                probe = await call("Runtime.evaluate", expression="!!document.getElementById('composer')",
+                                   returnByValue=True)
+                if probe["result"].get("value") is True:
                     break
+                assert time.monotonic() < deadline, "the chat page never loaded"
                 await asyncio.sleep(0.2)
+            result = await call("Runtime.evaluate", expression=script, awaitPromise=True, returnByValue=True)
+            assert "value" in result["result"], result
             shot = await call("Page.captureScreenshot", format="png")
-            return facts, base64.b64decode(shot["data"])
+            return json.loads(result["result"]["value"]), base64.b64decode(shot["data"])
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install chromium): "
                                              "the page is not loaded in a real browser here")
-def test_a_real_browser_finishes_a_streamed_reply(keyed, tmp_path):
+def test_a_real_browser_chats_three_turns(keyed, tmp_path):
     import asyncio
-    url = (f"{keyed}/?prompt=Say%20hello.&max_tokens=8&temperature=0&system=Be%20brief."
-           f"&api_key={API_KEY}")
+    prompts = ["Say hello.", "Name a colour.", "Count to three."]
+    url = f"{keyed}/?max_tokens=8&temperature=0&system=Be%20brief.&api_key={API_KEY}"   # the key: ignored
     port = _free_port()
     browser = subprocess.Popen([CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run",
                                 f"--user-data-dir={tmp_path / 'profile'}", f"--remote-debugging-port={port}",
                                 "--window-size=1000,700", url],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        facts, png = asyncio.run(_drive_browser(url, port))
+        facts, png = asyncio.run(_drive_browser(port, CONVERSATION % (json.dumps(API_KEY), json.dumps(prompts))))
     finally:
         browser.terminate()
         browser.wait(30)
-    assert facts["state"] == "done" and facts["text"].strip() and facts["users"] == 1, facts
-    assert facts["status"].startswith("done ("), facts
+    assert facts["keyFromUrl"] == "", "the page took an API key from its URL"
+    assert facts["users"] == prompts, facts
+    assert [r["state"] for r in facts["replies"]] == ["done"] * 3 and all(r["text"].strip() for r in facts["replies"]), facts
+    assert facts["status"].startswith("done (") and facts["layout"] == "flex", facts   # its <style> applied
     (tmp_path / "chat.png").write_bytes(png)
     assert png.startswith(b"\x89PNG") and len(png) > 1000
 

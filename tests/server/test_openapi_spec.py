@@ -3,6 +3,7 @@ field it does not document is refused, and real replies match the documented res
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from server_helpers import MODEL, http
@@ -249,3 +250,15 @@ def test_tool_call_replies_match_the_documented_schema(spec, base_url):
     for chunk in chunks:
         check.validate(chunk)
     assert any(c["delta"].get("tool_calls") for chunk in chunks for c in chunk["choices"])
+
+
+def test_every_route_is_documented_with_its_path_parameters(spec, server):
+    served = {(route.method.lower(), route.resource.canonical) for route in server.server.app.router.routes()
+              if route.method not in ("HEAD", "OPTIONS", "*")}
+    assert served == {(method, path) for path, item in spec["paths"].items() for method in item}
+    for path, item in spec["paths"].items():
+        for method, operation in item.items():
+            declared = [(p["name"], p["in"], p["required"], p["schema"]) for p in operation.get("parameters", [])]
+            expected = [(name, "path", True, {"type": "string"}) for name in re.findall(r"\{(\w+)\}", path)]
+            assert declared == expected, (method, path)
+            assert all(p["description"] for p in operation.get("parameters", [])), (method, path)
