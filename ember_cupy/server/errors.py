@@ -7,6 +7,8 @@ import re
 from aiohttp import web
 from pydantic import ValidationError
 
+from ember_cupy.error_text import MAX_MESSAGE_CHARS, one_line  # noqa: F401 (MAX_MESSAGE_CHARS: re-exported)
+
 # HTTP status -> OpenAI's error "type".
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -22,24 +24,6 @@ ERROR_TYPES = {
     500: "server_error",
     503: "service_unavailable_error",
 }
-
-
-MAX_MESSAGE_CHARS = 500
-# what libraries wrap around a message: a Python traceback's header, a Rust panic's location and
-# its backtrace hint (the panic's own message is kept)
-_WRAPPING = re.compile(r"Traceback \(most recent call last\):|thread '[^']*' panicked at \S*"
-                       r"|note: run with `RUST_BACKTRACE=\S*.*|stack backtrace:")
-
-
-def one_line(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
-    """An error message as one line of at most `limit` characters: the first line and every later
-    line that is not indented (tracebacks' frames, a parser's echo of the input and its caret
-    line are), without traceback or panic wrapping, joined by ': '."""
-    lines = str(text).splitlines() or [""]
-    kept = [lines[0]] + [line for line in lines[1:] if line and not line[0].isspace()]
-    parts = [_WRAPPING.sub("", line).strip().rstrip(":").strip() for line in kept]
-    message = ": ".join(p for p in parts if p and set(p) - set("^~ ")) or "error"
-    return message if len(message) <= limit else message[:limit - 3] + "..."
 
 
 class APIError(Exception):

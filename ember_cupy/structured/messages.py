@@ -2,9 +2,12 @@
 
 Its errors may go on with the parser state (`<state>`), the whole grammar (`<grammar>`, up to the
 1 MiB a client may send) or a Rust backtrace (`<backtrace>`), and a first line may quote a regex
-whole; `brief` keeps the text before those sections, on one line, at most MAX_CHARS long.
+whole, or echo the input with a caret; `brief` keeps the text before those sections, without
+the echo (error_text.one_line), on one line, at most MAX_CHARS long.
 """
 from __future__ import annotations
+
+from ember_cupy.error_text import one_line
 
 MAX_CHARS = 300
 _SECTIONS = ("<state>", "<grammar>", "<backtrace>", "\nstack backtrace:")
@@ -14,7 +17,7 @@ def brief(message: str, max_chars: int = MAX_CHARS) -> str:
     """The head of an llguidance error: one line of at most max_chars characters."""
     for marker in _SECTIONS:
         message = message.split(marker, 1)[0]
-    text = " ".join(message.split())
+    text = " ".join(one_line(message, limit=len(message) + 5).split())
     if text.startswith("panic: "):   # a Rust assertion: say what failed, not where in the Rust
         text = "the grammar compiler refused it: " + text[len("panic: "):]
     if len(text) > max_chars:
