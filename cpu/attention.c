@@ -76,6 +76,17 @@ typedef struct {
     float *qs, *acc, *m, *l, *s, *kbuf, *vbuf;
 } Scratch;
 
+/* ---- non-finite inputs ------------------------------------------------------------------
+ * Every path gives the NumPy twin's dense softmax, NaN and inf included: a NaN score (or +inf,
+ * through inf - inf) makes its row NaN; a -inf score weighs 0, its V row still multiplied by
+ * that 0 (so an inf or NaN there gives NaN); a row whose keys all score -inf is 0/0 = NaN. */
+
+/* What a chunk's scores are shifted by before exp: the running max, or 0 while that is still
+ * -inf (every key so far scored -inf: exp(-inf - -inf) would be NaN, where the twin has 0). */
+static inline float softmax_shift(float running_max) {
+    return running_max == -INFINITY ? 0.0f : running_max;
+}
+
 /* ---- vector helpers ------------------------------------------------------------------- */
 #if defined(__AVX2__) && defined(__FMA__)
 #define ATTN_AVX2 1
@@ -137,6 +148,11 @@ static inline __attribute__((always_inline)) void pv_block(
     for (int i = 0; i < nv; i++) _mm256_storeu_ps(acc + 8 * i, a[i]);
 }
 
+/* exp, except that a NaN stays NaN (ember_exp8 flushes it to 0, which would drop a NaN key). */
+static inline __m256 exp8_keeping_nan(__m256 x) {
+    return _mm256_blendv_ps(ember_exp8(x), x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
 /* One row's online-softmax update with the first `n` keys of a chunk (D a multiple of 8). */
 static void row_chunk_avx2(const float *q, float *acc, float *m, float *l, const float *const *k,
                            const float *const *v, int n, int D, float *s) {
@@ -149,10 +165,10 @@ static void row_chunk_avx2(const float *q, float *acc, float *m, float *l, const
     for (c = 8; c < padded; c += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + c));
     const float chunk_max = hmax256(mx), m_old = *m;
     const float m_new = chunk_max > m_old ? chunk_max : m_old;
-    const __m256 mv = _mm256_set1_ps(m_new);
+    const __m256 mv = _mm256_set1_ps(softmax_shift(m_new));
     __m256 sum = _mm256_setzero_ps();
     for (c = 0; c < padded; c += 8) {
-        const __m256 p = ember_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + c), mv));
+        const __m256 p = exp8_keeping_nan(_mm256_sub_ps(_mm256_loadu_ps(s + c), mv));
         _mm256_storeu_ps(s + c, p);
         sum = _mm256_add_ps(sum, p);
     }
@@ -184,10 +200,10 @@ static void row_chunk_scalar(const float *q, float *acc, float *m, float *l, con
         s[c] = dot_scalar(q, k[c], D);
         chunk_max = s[c] > chunk_max ? s[c] : chunk_max;
     }
-    const float m_old = *m, m_new = chunk_max > m_old ? chunk_max : m_old;
+    const float m_old = *m, m_new = chunk_max > m_old ? chunk_max : m_old, shift = softmax_shift(m_new);
     float sum = 0.0f;
     for (int c = 0; c < n; c++) {
-        s[c] = expf(s[c] - m_new);
+        s[c] = expf(s[c] - shift);
         sum += s[c];
     }
     if (m_new != m_old) {
@@ -318,8 +334,7 @@ static void merge_task(const Problem *P, const Task *t, const float *ws) {
             memset(dst, 0, sizeof(float) * (size_t)D);
             for (int p = 0; p < t->nparts; p++) {
                 const float *part = base + p * stride, mp = part[r];
-                if (mp == -INFINITY) continue;
-                const float w = expf(mp - m), *a = part + 2 * R + (int64_t)r * D;
+                const float w = mp == -INFINITY ? 0.0f : expf(mp - m), *a = part + 2 * R + (int64_t)r * D;
                 l += part[R + r] * w;
                 for (int d = 0; d < D; d++) dst[d] += a[d] * w;
             }

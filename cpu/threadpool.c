@@ -1,4 +1,14 @@
-/* See threadpool.h. One pool per process, started on first use. */
+/* See threadpool.h. One pool per process, started on first use.
+ *
+ * Callers: one job at a time. A second thread that calls in (two LLM objects in one process, a
+ * user thread beside a running engine) waits on job_lock until the job in flight is done. Not
+ * one pool per caller: the pool already has a thread per CPU, so concurrent jobs could only
+ * share the same cores (at twice the threads spinning), and each job keeps its split.
+ * A range function that calls back in (or a worker) runs the inner job itself, in one range.
+ *
+ * fork(): the child has only the forking thread, none of the workers. The atfork handlers take
+ * the locks around fork() (so the child never inherits a job in flight or a held lock) and the
+ * child forgets its workers: its first parallel job starts new ones. */
 #define _GNU_SOURCE
 #include "threadpool.h"
 
@@ -28,6 +38,9 @@ static struct {
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 1, 0, 200000, 0, 0, 0, 0, 0, 0, 1};
 
 static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;   /* held by the caller of the job in flight */
+static _Thread_local int inside_job;                           /* this thread runs a range of a job */
+static uint64_t first_seen[MAX_THREADS];   /* the generation a worker starts from: no job yet for it */
 
 static long long now_ns(void) {
     struct timespec t;
@@ -70,7 +83,8 @@ static uint64_t wait_for_job(uint64_t seen) {
 
 static void *worker(void *arg) {
     const int index = (int)(intptr_t)arg;
-    uint64_t seen = 0;
+    uint64_t seen = first_seen[index];
+    inside_job = 1;
     for (;;) {
         seen = wait_for_job(seen);
         if (index < pool.threads) run_range(index, pool.threads);
@@ -85,6 +99,7 @@ static void start_workers(void) {
     if (spin) pool.spin_ns = atoll(spin) * 1000LL;
     while (pool.started + 1 < pool.requested) {
         pthread_t thread;
+        first_seen[pool.started + 1] = atomic_load(&pool.generation);
         if (pthread_create(&thread, NULL, worker, (void *)(intptr_t)(pool.started + 1)) != 0) break;
         pthread_detach(thread);
         pool.started++;
@@ -93,12 +108,15 @@ static void start_workers(void) {
 }
 
 EMBER_EXPORT void ember_set_num_threads(int n) {
+    pthread_mutex_lock(&job_lock);
     pool.requested = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
+    pthread_mutex_unlock(&job_lock);
 }
 
 EMBER_EXPORT int ember_max_threads(void) { return pool.requested; }
 
-void ember_parallel_for(int64_t n, ember_range_fn fn, void *ctx) {
+/* The calling thread holds job_lock: publish the job, run range 0, wait for the workers. */
+static void run_job(int64_t n, ember_range_fn fn, void *ctx) {
     if (pool.started + 1 < pool.requested) start_workers();
     const int threads = pool.started + 1 < pool.requested ? pool.started + 1 : pool.requested;
     if (threads <= 1 || n <= 1) {
@@ -125,4 +143,43 @@ void ember_parallel_for(int64_t n, ember_range_fn fn, void *ctx) {
         }
         cpu_relax();
     }
+}
+
+void ember_parallel_for(int64_t n, ember_range_fn fn, void *ctx) {
+    if (inside_job) {   /* called from a range: the pool is busy with the outer job */
+        if (n > 0) fn(ctx, 0, n);
+        return;
+    }
+    pthread_mutex_lock(&job_lock);
+    inside_job = 1;
+    run_job(n, fn, ctx);
+    inside_job = 0;
+    pthread_mutex_unlock(&job_lock);
+}
+
+/* ---- fork ---------------------------------------------------------------------------------- */
+static void before_fork(void) {
+    pthread_mutex_lock(&job_lock);
+    pthread_mutex_lock(&start_lock);
+    pthread_mutex_lock(&pool.lock);
+}
+
+static void after_fork_in_parent(void) {
+    pthread_mutex_unlock(&pool.lock);
+    pthread_mutex_unlock(&start_lock);
+    pthread_mutex_unlock(&job_lock);
+}
+
+/* The workers did not survive: none started, none pending or asleep (a fresh condition
+ * variable: the old one may count the parent's sleepers as waiters). */
+static void after_fork_in_child(void) {
+    pool.started = 0;
+    atomic_store(&pool.pending, 0);
+    atomic_store(&pool.sleepers, 0);
+    pool.wake = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
+    after_fork_in_parent();
+}
+
+__attribute__((constructor)) static void register_fork_handlers(void) {
+    pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
 }

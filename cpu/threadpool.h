@@ -1,6 +1,7 @@
 /* The host kernels' thread pool: the calling thread plus (threads - 1) workers that spin briefly
  * between calls (kernels come back to back within a step), yield to other runnable threads while
- * they wait, and sleep once idle for EMBER_SPIN_US microseconds (default 200). */
+ * they wait, and sleep once idle for EMBER_SPIN_US microseconds (default 200). Callers from several
+ * threads take turns (one job at a time); a fork()ed child starts its own workers on first use. */
 #ifndef EMBER_CPU_THREADPOOL_H
 #define EMBER_CPU_THREADPOOL_H
 

@@ -51,7 +51,8 @@ def assert_matches_twin(library, args, clean_tables, dtype, window=0):
                                  window)
     assert ours.dtype == np.float32 and ours.shape == q.shape
     tolerance = 1e-5 if dtype == np.float32 else 2e-5
-    np.testing.assert_allclose(ours, twin, rtol=tolerance, atol=tolerance * np.abs(twin).max())
+    largest = np.abs(twin[np.isfinite(twin)]).max(initial=0.0)
+    np.testing.assert_allclose(ours, twin, rtol=tolerance, atol=tolerance * largest)   # NaN where NaN
     return ours
 
 
@@ -100,6 +101,60 @@ def test_sliding_window_equals_the_twin(library, dtype, window):
     assert (window >= 1000) == np.array_equal(windowed, full)
     args, clean = make_batch(rng, [(40, 40), (90, 1)], group=1, head_dim=20, dtype=dtype)
     assert_matches_twin(library, args, clean, dtype, window)
+
+
+def _cache_row(clean_tables, seq, position):
+    """(block, offset) of a sequence's key at `position`."""
+    return clean_tables[seq, position // BLOCK_SIZE], position % BLOCK_SIZE
+
+
+def assert_matches_twin_non_finite(library, args, clean_tables, dtype):
+    """The twin warns on inf - inf and the like; NaN and inf must sit where the twin has them."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return assert_matches_twin(library, args, clean_tables, dtype)
+
+
+NON_FINITE_SEQS = [(40, 1), (300, 1), (50, 20), (200, 40)]   # decodes (one split), one- and multi-tile chunks
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("cache", ["k", "v"])
+@pytest.mark.parametrize("head_dim", [64, 20])
+def test_a_non_finite_key_or_value_gives_the_twins_result(library, dtype, value, cache, head_dim):
+    """One NaN or inf element in a K or V row every query of its sequence sees: each ISA path
+    (SIMD or scalar head_dim) puts NaN and inf where the twin's dense softmax does."""
+    rng = np.random.default_rng(head_dim)
+    args, clean = make_batch(rng, NON_FINITE_SEQS, group=2, head_dim=head_dim, dtype=dtype)
+    poisoned = args[1] if cache == "k" else args[2]
+    for seq, (ctx, q_len) in enumerate(NON_FINITE_SEQS):
+        block, offset = _cache_row(clean, seq, int(rng.integers(0, ctx - q_len + 1)))
+        poisoned[block, offset, rng.integers(0, poisoned.shape[2]), rng.integers(0, head_dim)] = value
+    ours = assert_matches_twin_non_finite(library, args, clean, dtype)
+    assert not np.isfinite(ours).all() or (cache == "k" and np.isinf(value))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_keys_scoring_minus_inf_weigh_nothing(library, dtype):
+    """Keys whose score is -inf (a chunk of them, a split part of them, a whole context) get
+    weight 0 as in the twin: 0 times their V row, so an inf there gives NaN in its dimension and
+    the rest of the row is finite; a row of only such keys is 0/0 = NaN."""
+    rng = np.random.default_rng(13)
+    seqs = [(100, 1), (300, 1), (64, 1), (80, 20)]
+    minus_inf_keys = [40, 200, 64, 35]            # the first keys of each sequence
+    args, clean = make_batch(rng, seqs, group=2, dtype=dtype)
+    q, k_cache, v_cache, starts = args[0], args[1], args[2], args[5]
+    q[..., 0] = np.abs(q[..., 0]) + 0.1           # q.k = -inf where k[0] = -inf
+    for seq, keys in enumerate(minus_inf_keys):
+        for position in range(keys):
+            k_cache[(*_cache_row(clean, seq, position), slice(None), 0)] = -np.inf
+        v_cache[(*_cache_row(clean, seq, 5), 0, 7)] = np.inf    # KV head 0 = query heads 0 and 1
+    ours = assert_matches_twin_non_finite(library, args, clean, dtype)
+    for seq, ((ctx, _), keys) in enumerate(zip(seqs, minus_inf_keys)):
+        rows = ours[starts[seq]:starts[seq + 1]]
+        expected_nan = np.zeros(rows.shape, bool)
+        expected_nan[:, :2, 7] = True
+        np.testing.assert_array_equal(np.isnan(rows), True if keys == ctx else expected_nan)
 
 
 def test_float16_cache_is_the_twin_on_the_same_rounded_values(library):
