@@ -18,7 +18,6 @@ import concurrent.futures
 import enum
 import itertools
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -30,6 +29,7 @@ from ember_cupy.sampling_params import SamplingParams
 from ember_cupy.server.access_log import RequestUsage, current_usage
 from ember_cupy.server.errors import one_line
 from ember_cupy.server.metrics import EngineMetrics
+from ember_cupy.server.prepare_workers import PrepareWorkers
 
 log = logging.getLogger("ember_cupy.server")
 
@@ -43,7 +43,6 @@ DEFAULT_PREPARE_TIMEOUT = 30.0
 # Texts up to this many characters are tokenized (and templated) by their own worker threads, so
 # a cheap request never queues behind multi-megabyte ones.
 SMALL_TEXT_CHARS = 64 << 10
-PREPARE_THREADS = 2   # per kind of work: small texts, large texts, grammar compiles
 
 
 class EngineState(enum.Enum):
@@ -69,39 +68,6 @@ class EngineOverloadedError(RuntimeError):
 
 class PrepareTimeoutError(TimeoutError):
     """A request's work before admission took longer than prepare_timeout."""
-
-
-class _Workers:
-    """The worker threads of one kind of pre-admission work, counting the jobs they hold: those
-    beyond the threads wait, and (`slow` work: large texts, grammar compiles) count as waiting
-    requests against max_waiting; small texts take milliseconds, so a burst of them is no load to
-    shed. A job keeps counting until it ends, even after its caller gave up on it (a thread
-    cannot be stopped)."""
-
-    def __init__(self, name: str, slow: bool, threads: int = PREPARE_THREADS):
-        self.slow = slow
-        self.threads = threads
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=name)
-        self._lock = threading.Lock()
-        self._held = 0
-
-    @property
-    def num_queued(self) -> int:
-        return max(0, self._held - self.threads)
-
-    def submit(self, job: Callable[[], object]) -> concurrent.futures.Future:
-        with self._lock:
-            self._held += 1
-        future = self._pool.submit(job)
-        future.add_done_callback(self._release)   # also when cancelled before it ran
-        return future
-
-    def _release(self, _future) -> None:
-        with self._lock:
-            self._held -= 1
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class RequestStream:
@@ -238,9 +204,9 @@ class AsyncEngine:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ember-step")
         # tokenizing and chat templates (a 4 MB prompt takes a second or more) and grammar compiles:
         # off the event loop, each kind on its own threads
-        self._small_text = _Workers("ember-text", slow=False)
-        self._large_text = _Workers("ember-large-text", slow=True)
-        self._grammar = _Workers("ember-grammar", slow=True)
+        self._small_text = PrepareWorkers("ember-text", slow=False)
+        self._large_text = PrepareWorkers("ember-large-text", slow=True)
+        self._grammar = PrepareWorkers("ember-grammar", slow=True)
         self._ids = itertools.count()
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -316,7 +282,7 @@ class AsyncEngine:
         """A prompt's token ids, as add_request would tokenize it (off the loop, as off_loop)."""
         return await self.off_loop(self.engine.tokenizer.encode, text, work_chars=len(text))
 
-    async def _prepare(self, workers: _Workers, job: Callable[[], object]):
+    async def _prepare(self, workers: PrepareWorkers, job: Callable[[], object]):
         self._check_admission(workers)
         future = workers.submit(job)
         try:
@@ -332,7 +298,7 @@ class AsyncEngine:
         if self.state is not EngineState.READY:
             raise EngineNotReadyError(f"the engine is {self.state.value}")
 
-    def _check_admission(self, workers: _Workers | None = None) -> None:
+    def _check_admission(self, workers: PrepareWorkers | None = None) -> None:
         """Refuse a request the engine cannot take now; `workers`: those it is about to queue work
         for, whose queued jobs wait ahead of it."""
         self._check_state()
@@ -345,7 +311,7 @@ class AsyncEngine:
                                             f"for a free sequence slot or a worker thread "
                                             f"(max_waiting={self.max_waiting})")
 
-    def _num_really_waiting(self, workers: _Workers | None = None) -> int:
+    def _num_really_waiting(self, workers: PrepareWorkers | None = None) -> int:
         """Queued requests (in the scheduler or about to be added) beyond the free sequence slots:
         those the next step cannot start (a burst into an idle server waits for nothing); and the
         jobs queued for slow `workers`, of requests before admission. (A request whose preparation
