@@ -12,9 +12,15 @@
  * all G query heads of its KV head (x its queries) against each K row and accumulates each V row
  * for all of them, so K/V are read once per KV head and tile. Keys are streamed in chunks of
  * KEY_CHUNK with an online softmax in fp32 (running max, sum and unnormalised output per row).
- * A sequence with a single query tile (decodes, short chunks) is further split into key ranges
- * of KEY_SPLIT keys whose partial results are merged in a fixed order, so that a lone decode
- * sequence still gives every thread work. Items run on the host kernels' thread pool
+ * A sequence with a single query tile (decodes, short chunks) is further split into its key
+ * parts, one work item each, so that a lone decode sequence still gives every thread work.
+ *
+ * One reduction order per query, whatever runs with it (determinism across prefix-cache hits
+ * and chunked-prefill splits): keys are cut in parts of KEY_SPLIT and chunks of KEY_CHUNK at
+ * multiples of those sizes from position 0; each part is an online softmax over its chunks
+ * from a fresh state, and a query's parts are merged left to right by merge_rows (the first
+ * copied). A split item holds one part, merged by merge_task; an item of a multi-tile
+ * sequence walks its parts and merges them as it goes: the same bits either way. Items run on the host kernels' thread pool
  * (cpu/threadpool.h), longest first, each thread claiming the next from a shared counter; the
  * next chunk's K/V rows are prefetched while a chunk is computed (decode is bandwidth-bound).
  *
@@ -74,7 +80,48 @@ typedef struct {
 
 typedef struct {
     float *qs, *acc, *m, *l, *s, *kbuf, *vbuf;
+    float *merged_acc, *merged_m, *merged_l;   /* the parts before the current one */
 } Scratch;
+
+/* Parts of KEY_SPLIT keys, at multiples of KEY_SPLIT, that the key range [lo, hi) touches. */
+static inline int32_t parts_spanned(int32_t lo, int32_t hi) {
+    return (hi - 1) / KEY_SPLIT - lo / KEY_SPLIT + 1;
+}
+
+/* The end of the chunk of keys that starts at c0 (chunks at multiples of KEY_CHUNK). */
+static inline int32_t chunk_end(int32_t c0, int32_t k1) {
+    const int32_t end = (c0 / KEY_CHUNK + 1) * KEY_CHUNK;
+    return end < k1 ? end : k1;
+}
+
+/* (m, l, acc) of R rows += a later part's (pm, pl, pacc): the one merge rule, out of line so
+ * that every caller runs the same instructions. */
+static __attribute__((noinline)) void merge_rows(float *m, float *l, float *acc, const float *pm, const float *pl,
+                                                 const float *pacc, int R, int D) {
+    for (int r = 0; r < R; r++) {
+        const float m_old = m[r], mp = pm[r], m_new = mp > m_old ? mp : m_old;
+        const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+        const float beta = mp == -INFINITY ? 0.0f : expf(mp - m_new);
+        float *a = acc + (int64_t)r * D;
+        const float *b = pacc + (int64_t)r * D;
+        for (int d = 0; d < D; d++) a[d] = a[d] * alpha + b[d] * beta;
+        l[r] = l[r] * alpha + pl[r] * beta;
+        m[r] = m_new;
+    }
+}
+
+/* The state of the parts so far takes in the part just finished (the first is copied). */
+static void fold_part(Scratch *sc, int R, int D, int first) {
+    if (first) {
+        memcpy(sc->merged_m, sc->m, sizeof(float) * (size_t)R);
+        memcpy(sc->merged_l, sc->l, sizeof(float) * (size_t)R);
+        memcpy(sc->merged_acc, sc->acc, sizeof(float) * (size_t)R * (size_t)D);
+    } else {
+        merge_rows(sc->merged_m, sc->merged_l, sc->merged_acc, sc->m, sc->l, sc->acc, R, D);
+    }
+    for (int r = 0; r < R; r++) { sc->m[r] = -INFINITY; sc->l[r] = 0.0f; }
+    memset(sc->acc, 0, sizeof(float) * (size_t)R * (size_t)D);
+}
 
 /* ---- non-finite inputs ------------------------------------------------------------------
  * Every path gives the NumPy twin's dense softmax, NaN and inf included: a NaN score (or +inf,
@@ -229,6 +276,19 @@ static void to_f32(float *dst, const uint16_t *src, int D) {
 }
 
 /* ---- one work item ---------------------------------------------------------------------- */
+/* The task's output rows: acc / l. */
+static void write_rows(const Problem *P, const Task *t, const float *acc, const float *l) {
+    const int G = P->group, D = P->head_dim;
+    const int32_t q_begin = P->query_start_loc[t->seq];
+    for (int qi = 0; qi < t->nq; qi++)
+        for (int g = 0; g < G; g++) {
+            const int r = qi * G + g;
+            float *dst = P->out + ((int64_t)(q_begin + t->q0 + qi) * P->num_heads + t->head * G + g) * D;
+            const float *a = acc + (int64_t)r * D;
+            for (int d = 0; d < D; d++) dst[d] = a[d] / l[r];
+        }
+}
+
 static void run_item(const Problem *P, const Task *t, const Item *it, Scratch *sc, float *ws) {
     const int G = P->group, D = P->head_dim, Hk = P->num_kv_heads, bs = P->block_size;
     const int R = t->nq * G, seq = t->seq, head = t->head;
@@ -251,16 +311,18 @@ static void run_item(const Problem *P, const Task *t, const Item *it, Scratch *s
     int64_t rows[KEY_CHUNK], next[KEY_CHUNK];   /* element offsets of this and the next chunk's keys */
     const size_t elem = P->f16 ? 2 : 4;
     int32_t block = it->k0 / bs, offset = it->k0 % bs;   /* of the next key to locate */
-    const int nk0 = it->k1 - it->k0 < KEY_CHUNK ? it->k1 - it->k0 : KEY_CHUNK;
+    const int nk0 = chunk_end(it->k0, it->k1) - it->k0;
     for (int c = 0; c < nk0; c++) {
         next[c] = (((int64_t)table[block] * bs + offset) * Hk + head) * D;
         if (++offset == bs) { offset = 0; block++; }
     }
-    for (int32_t c0 = it->k0; c0 < it->k1; c0 += KEY_CHUNK) {
-        const int nk = it->k1 - c0 < KEY_CHUNK ? it->k1 - c0 : KEY_CHUNK;
+    int parts_done = 0;
+    for (int32_t c0 = it->k0, nk; c0 < it->k1; c0 += nk) {
+        nk = chunk_end(c0, it->k1) - c0;
+        if (c0 % KEY_SPLIT == 0 && c0 > it->k0) fold_part(sc, R, D, parts_done++ == 0);
         memcpy(rows, next, sizeof(int64_t) * (size_t)nk);
         /* locate the next chunk's keys and prefetch them while this chunk is computed */
-        const int32_t n1 = it->k1 - (c0 + nk) < KEY_CHUNK ? it->k1 - (c0 + nk) : KEY_CHUNK;
+        const int32_t n1 = c0 + nk < it->k1 ? chunk_end(c0 + nk, it->k1) - (c0 + nk) : 0;
         for (int c = 0; c < n1; c++) {
             next[c] = (((int64_t)table[block] * bs + offset) * Hk + head) * D;
             if (++offset == bs) { offset = 0; block++; }
@@ -303,43 +365,31 @@ static void run_item(const Problem *P, const Task *t, const Item *it, Scratch *s
             }
         }
     }
+    const float *acc = sc->acc, *l = sc->l, *m = sc->m;
+    if (parts_done) {
+        fold_part(sc, R, D, 0);
+        acc = sc->merged_acc, l = sc->merged_l, m = sc->merged_m;
+    }
     if (t->nparts == 1) {   /* every row's own key is in range: l > 0 */
-        for (int qi = 0; qi < t->nq; qi++)
-            for (int g = 0; g < G; g++) {
-                const int r = qi * G + g;
-                float *dst = P->out + ((int64_t)(q_begin + t->q0 + qi) * P->num_heads + head * G + g) * D;
-                const float *a = sc->acc + (int64_t)r * D, l = sc->l[r];
-                for (int d = 0; d < D; d++) dst[d] = a[d] / l;
-            }
+        write_rows(P, t, acc, l);
         return;
     }
     float *part = ws + t->ws + (int64_t)it->part * R * (D + 2);
-    memcpy(part, sc->m, sizeof(float) * (size_t)R);
-    memcpy(part + R, sc->l, sizeof(float) * (size_t)R);
-    memcpy(part + 2 * R, sc->acc, sizeof(float) * (size_t)R * (size_t)D);
+    memcpy(part, m, sizeof(float) * (size_t)R);
+    memcpy(part + R, l, sizeof(float) * (size_t)R);
+    memcpy(part + 2 * R, acc, sizeof(float) * (size_t)R * (size_t)D);
 }
 
-/* Partial results of a split task, merged in part order. */
-static void merge_task(const Problem *P, const Task *t, const float *ws) {
-    const int G = P->group, D = P->head_dim, R = t->nq * G;
+/* Partial results of a split task, merged left to right into the first part's. */
+static void merge_task(const Problem *P, const Task *t, float *ws) {
+    const int D = P->head_dim, R = t->nq * P->group;
     const int64_t stride = (int64_t)R * (D + 2);
-    const float *base = ws + t->ws;
-    const int32_t q_begin = P->query_start_loc[t->seq];
-    for (int qi = 0; qi < t->nq; qi++)
-        for (int g = 0; g < G; g++) {
-            const int r = qi * G + g;
-            float m = -INFINITY, l = 0.0f;
-            for (int p = 0; p < t->nparts; p++) m = base[p * stride + r] > m ? base[p * stride + r] : m;
-            float *dst = P->out + ((int64_t)(q_begin + t->q0 + qi) * P->num_heads + t->head * G + g) * D;
-            memset(dst, 0, sizeof(float) * (size_t)D);
-            for (int p = 0; p < t->nparts; p++) {
-                const float *part = base + p * stride, mp = part[r];
-                const float w = mp == -INFINITY ? 0.0f : expf(mp - m), *a = part + 2 * R + (int64_t)r * D;
-                l += part[R + r] * w;
-                for (int d = 0; d < D; d++) dst[d] += a[d] * w;
-            }
-            for (int d = 0; d < D; d++) dst[d] /= l;
-        }
+    float *first = ws + t->ws;
+    for (int p = 1; p < t->nparts; p++) {
+        const float *part = first + p * stride;
+        merge_rows(first, first + R, first + 2 * R, part, part + R, part + 2 * R, R, D);
+    }
+    write_rows(P, t, first + 2 * R, first + R);
 }
 
 static int by_cost_descending(const void *a, const void *b) {
@@ -365,9 +415,10 @@ static void run_items(void *ctx, int64_t begin, int64_t end) {
     (void)end;
     const int64_t rows = job->rows, D = job->P->head_dim;
     float *base = job->scratch + job->scratch_floats * begin;   /* begin: this thread's slot */
+    float *kbuf = base + 2 * rows * D + 2 * rows + KEY_CHUNK + 8, *merged = kbuf + 2 * KEY_CHUNK * D;
     Scratch sc = {base, base + rows * D, base + 2 * rows * D, base + 2 * rows * D + rows,
-                  base + 2 * rows * D + 2 * rows, base + 2 * rows * D + 2 * rows + KEY_CHUNK + 8,
-                  base + 2 * rows * D + 2 * rows + KEY_CHUNK + 8 + KEY_CHUNK * D};
+                  base + 2 * rows * D + 2 * rows, kbuf, kbuf + KEY_CHUNK * D,
+                  merged, merged + rows * D, merged + rows * D + rows};
     for (int64_t i; (i = atomic_fetch_add(&job->next, 1)) < job->num_items;)
         run_item(job->P, &job->tasks[job->items[i].task], &job->items[i], &sc, job->ws);
 }
@@ -410,8 +461,7 @@ EMBER_EXPORT int ember_paged_attention_window(
         const int32_t tiles = (q_len + QUERY_TILE - 1) / QUERY_TILE;
         num_tasks += (int64_t)tiles * num_kv_heads;
         if (tiles == 1) {
-            const int32_t keys = ctx - first_visible(ctx - q_len, window);
-            const int32_t parts = (keys + KEY_SPLIT - 1) / KEY_SPLIT;
+            const int32_t parts = parts_spanned(first_visible(ctx - q_len, window), ctx);
             num_items += (int64_t)parts * num_kv_heads;
             if (parts > 1) ws_floats += (int64_t)num_kv_heads * parts * q_len * G * (D + 2);
         } else {
@@ -425,7 +475,7 @@ EMBER_EXPORT int ember_paged_attention_window(
     int threads = ember_max_threads();
     if (threads > num_items) threads = (int)num_items;
     const int64_t rows = (int64_t)QUERY_TILE * G;
-    const int64_t scratch_floats = 2 * rows * D + 2 * rows + (KEY_CHUNK + 8) + 2 * (int64_t)KEY_CHUNK * D;
+    const int64_t scratch_floats = 3 * rows * D + 4 * rows + (KEY_CHUNK + 8) + 2 * (int64_t)KEY_CHUNK * D;
     float *scratch = malloc(sizeof(float) * (size_t)(scratch_floats * threads));
     if (!tasks || !items || (ws_floats && !ws) || !scratch) {
         free(tasks); free(items); free(ws); free(scratch);
@@ -444,14 +494,15 @@ EMBER_EXPORT int ember_paged_attention_window(
                 t->nq = q_len - t->q0 < QUERY_TILE ? q_len - t->q0 : QUERY_TILE;
                 const int32_t visible = ctx - q_len + t->q0 + t->nq;   /* keys up to its last query */
                 const int32_t lo = first_visible(ctx - q_len + t->q0, window);   /* its first query's first */
-                t->nparts = tiles == 1 ? (visible - lo + KEY_SPLIT - 1) / KEY_SPLIT : 1;
+                t->nparts = tiles == 1 ? parts_spanned(lo, visible) : 1;
                 t->ws = wo;
                 if (t->nparts > 1) wo += (int64_t)t->nparts * t->nq * G * (D + 2);
                 for (int32_t p = 0; p < t->nparts; p++) {
                     Item *it = &items[ii++];
                     it->task = (int32_t)ti; it->part = p;
-                    it->k0 = lo + p * KEY_SPLIT;
-                    it->k1 = t->nparts == 1 || lo + (p + 1) * KEY_SPLIT > visible ? visible : lo + (p + 1) * KEY_SPLIT;
+                    const int32_t start = (lo / KEY_SPLIT + p) * KEY_SPLIT, stop = start + KEY_SPLIT;
+                    it->k0 = t->nparts == 1 || start < lo ? lo : start;
+                    it->k1 = t->nparts == 1 || stop > visible ? visible : stop;
                     it->cost = (int64_t)(it->k1 - it->k0) * t->nq;
                 }
                 ti++;

@@ -1,7 +1,10 @@
 """Seeded sampling gives the same text alone and in a batch of 16 on the CPU fast path: the host
 kernels compute every row in an order that does not depend on the batch (issue: a seeded request
 at temperature 0.9 changed text among 16 concurrent ones when GEMM reduction order followed the
-batch size). On the NumPy path (quantization="none", OpenBLAS) this is not guaranteed."""
+batch size); and the same bits after a prefix-cache hit or with any chunked-prefill split (the
+attention reduces keys in a fixed tiling from position 0; before, a query among at most 16 of its
+sequence's took a split-and-merge order, so a cache hit moved the first token's logprobs by up to
+0.08 nats). On the NumPy path (quantization="none", OpenBLAS) this is not guaranteed."""
 import pytest
 
 from ember_cupy import SamplingParams
@@ -24,3 +27,28 @@ def test_seeded_outputs_are_the_same_alone_and_in_a_batch_of_16(make_llm):
         together = llm.generate(batch, [sampling] + [SamplingParams(temperature=0.8, seed=i, max_tokens=30)
                                                      for i in range(15)])[0].outputs[0].token_ids
         assert together == alone, (prompt, sampling.seed)
+
+
+def _tokens_and_logprobs(output):
+    completion = output.outputs[0]
+    return completion.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in completion.logprobs]
+
+
+@pytest.mark.skipif(_host.active() is None, reason="host kernels unavailable (no C compiler)")
+@pytest.mark.parametrize("kv_cache_dtype", ["float16", "float32"])
+def test_a_prefix_cache_hit_or_a_chunked_prefill_gives_the_same_bits(make_llm, kv_cache_dtype):
+    """A ~350-token prompt: computed whole, then again with 336 of its tokens from the prefix
+    cache, then in chunks of 7 and of 100 tokens: the same token ids and logprobs, bit for bit."""
+    prompt = " ".join(f"word{i} apple banana cherry" for i in range(60))
+    for sampling in (SamplingParams(temperature=0, max_tokens=8, logprobs=5, ignore_eos=True),
+                     SamplingParams(temperature=1.0, seed=3, max_tokens=8, logprobs=5, ignore_eos=True)):
+        cached = make_llm(kv_cache_dtype=kv_cache_dtype)
+        cold = cached.generate([prompt], sampling)[0]
+        warm = cached.generate([prompt], sampling)[0]
+        assert cold.num_cached_tokens == 0 and warm.num_cached_tokens >= 320
+        expected = _tokens_and_logprobs(cold)
+        assert _tokens_and_logprobs(warm) == expected, "prefix-cache hit"
+        for chunk in (7, 100):
+            chunked = make_llm(kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=False,
+                               max_num_batched_tokens=chunk).generate([prompt], sampling)[0]
+            assert _tokens_and_logprobs(chunked) == expected, f"chunks of {chunk}"

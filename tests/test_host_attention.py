@@ -187,6 +187,35 @@ def test_batch_invariance(library, dtype):
             np.testing.assert_array_equal(alone, batched[rows], err_msg=f"{target} at {position}")
 
 
+def _one_sequence(q, k_cache, v_cache, table, scale, library, context, queries, window):
+    """The `queries` last queries of a sequence with `context` keys, computed in one call."""
+    rows = np.ascontiguousarray(q[context - queries:context])
+    return paged_attention_host(rows, k_cache, v_cache, table, np.array([context], np.int32),
+                                np.array([0, queries], np.int32), scale, library, window=window)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("window", [0, 100, 333])
+def test_a_query_gives_the_same_bits_in_any_chunk(library, dtype, window):
+    """Determinism across prefix-cache hits and chunked-prefill splits: a query's result does not
+    depend on how many queries of its sequence run with it (a whole prompt, a chunk of any size,
+    a decode): keys are reduced in a fixed tiling from position 0."""
+    rng = np.random.default_rng(5)
+    context = 700
+    args, _ = make_batch(rng, [(context, context)], group=3, dtype=dtype)
+    q, k_cache, v_cache, table, _, _, scale = args
+    whole = _one_sequence(q, k_cache, v_cache, table, scale, library, context, context, window)
+    for position in (0, 15, 16, 127, 128, 129, 300, 511, 699):
+        for queries in (1, 7, 16, 17, 40, 129):
+            end = min(context, position + queries - queries // 2)    # position somewhere inside
+            queries = min(queries, end)
+            if not end - queries <= position < end:
+                continue
+            chunk = _one_sequence(q, k_cache, v_cache, table, scale, library, end, queries, window)
+            np.testing.assert_array_equal(chunk[position - (end - queries)], whole[position],
+                                          err_msg=f"query {position} in a chunk of {queries} ending at {end}")
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
 def test_thread_count_does_not_change_results(dtype):
     """Work is split by the sequence's own lengths only: 1 thread gives the same bits as many,
