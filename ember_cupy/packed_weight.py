@@ -16,6 +16,7 @@ block its high bits (if any) and its low nibbles (Q8_0: its 256 int8 values):
   H2       (Q6_K) 64 bytes: bits 2j, 2j+1 of half h's byte 4r+i are bits 4-5 of V_4h+j's byte.
 Rows are padded to a multiple of 8 with zeros. A `StackedWeight` is a matrix whose row ranges
 are stored in different formats (q/k/v or gate/up of a K-quant file): one matmul, parts in turn.
+A `DequantizedWeight` is either, dequantized once at load where no host kernel can run.
 """
 from __future__ import annotations
 
@@ -263,12 +264,57 @@ class StackedWeight:
         return full if rows is None else full[np.asarray(rows, dtype=np.int64).reshape(-1)]
 
 
+@dataclass(frozen=True, eq=False)
+class DequantizedWeight:
+    """A host-quantized matrix dequantized once at load, for when no host kernel can run: the
+    float32 values [rows, cols] its packed form's dequantize() gives, so the NumPy twin
+    (ops/linear.py matmul_q_numpy) computes exactly what it computes on the packed weight,
+    without dequantizing it again on every call. packed_bytes: its size packed."""
+    matrix: np.ndarray
+    packed_bytes: int
+
+    @classmethod
+    def of(cls, parts: list[QuantizedTensor]) -> DequantizedWeight:
+        """The matrix whose row ranges are `parts` (one, or a stack's), straight from the GGUF
+        blocks: the packed weight's values without packing it (the default model's Q8_0
+        embedding: 0.34 s instead of 1.7 s)."""
+        parts = [kernel_type(part) for part in parts]
+        for part in parts:
+            check_packable(part)
+        values = [dequantize_values(part.qtype, *_gguf_values(part)) for part in parts]
+        matrix = values[0] if len(values) == 1 else np.concatenate(values)
+        return cls(matrix, sum(packed_nbytes(part) for part in parts))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.matrix.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.matrix.nbytes
+
+    def dequantize(self, rows=None) -> np.ndarray:
+        return self.matrix if rows is None else self.matrix[np.asarray(rows, dtype=np.int64).reshape(-1)]
+
+
 def check_packable(tensor: QuantizedTensor) -> None:
     if tensor.qtype not in LAYOUTS:
         raise ValueError(f"no host kernel for {tensor.qtype} blocks (supported: {', '.join(LAYOUTS)})")
     if tensor.shape[1] % LAYOUTS[tensor.qtype].columns:
         raise ValueError(f"{tensor.qtype} needs a multiple of {LAYOUTS[tensor.qtype].columns} columns, "
                          f"got {tensor.shape}")
+
+
+def packed_nbytes(tensor: QuantizedTensor) -> int:
+    """The bytes of `tensor` packed (its rows padded to whole groups of 8)."""
+    layout = LAYOUTS[tensor.qtype]
+    return -(-tensor.shape[0] // ROWS_PER_GROUP) * (tensor.shape[1] // layout.columns) * layout.record_bytes
+
+
+def kernel_type(tensor: QuantizedTensor) -> QuantizedTensor:
+    """The tensor in a format with a kernel: as stored, or requantized to Q8_0 from its values."""
+    from ember_cupy.quant import quantize_q8_0
+    return tensor if tensor.qtype in LAYOUTS else quantize_q8_0(tensor.dequantize())
 
 
 def pack(tensor: QuantizedTensor) -> PackedWeight:
@@ -281,10 +327,7 @@ def pack(tensor: QuantizedTensor) -> PackedWeight:
 def to_kernel_format(tensor: QuantizedTensor) -> PackedWeight:
     """The tensor as the kernels read it: packed as stored, or (a type without a kernel)
     requantized to Q8_0 from its dequantized values. In NumPy; ops/pack.py packs with the host kernel."""
-    from ember_cupy.quant import quantize_q8_0
-    if tensor.qtype not in LAYOUTS:
-        tensor = quantize_q8_0(tensor.dequantize())
-    return pack(tensor)
+    return pack(kernel_type(tensor))
 
 
 def stack(parts: list[PackedWeight]) -> PackedWeight | StackedWeight:

@@ -271,15 +271,18 @@ def test_bad_arguments_are_refused(library):
         matmul_q(np.zeros((1, 64), np.float32), _weight(np.random.default_rng(0), "Q8_0", 4, 96), library)
 
 
-def test_no_compiler_means_a_warning_and_the_numpy_path(monkeypatch, caplog):
+def test_no_compiler_means_the_numpy_path(monkeypatch, caplog):
+    """A $CC that is not there is no compiler. Its warning comes with the model load, which knows
+    what the NumPy path costs (tests/test_host_no_compiler.py); here it is information."""
     monkeypatch.setenv("CC", "/nonexistent/cc")
     monkeypatch.setenv("EMBER_KERNEL_CACHE", "/nonexistent-cache")
     _host.load_library.cache_clear()
     _host.active.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="ember_cupy.host"):
+        with caplog.at_level(logging.INFO, logger="ember_cupy.host"):
             assert _host.active() is None
-        assert "NumPy path" in caplog.text
+        assert "NumPy path" in caplog.text and "/nonexistent/cc" in caplog.text
+        assert isinstance(_host.unavailable(), _host.NoCompilerError)
         weight = _weight(np.random.default_rng(0), "Q8_0", 4, 64)
         x = np.ones((2, 64), np.float32)
         np.testing.assert_array_equal(matmul_q(x, weight), matmul_q_numpy(x, weight))

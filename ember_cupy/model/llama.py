@@ -21,6 +21,7 @@ import numpy as np
 
 from ember_cupy import ops
 from ember_cupy.config import ModelConfig
+from ember_cupy.model import host_fallback
 from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.weights import is_quantized, linear_weight, vocab_matrix
 from ember_cupy.ops import _cuda, _host
@@ -87,6 +88,8 @@ class LlamaModel:
             cfg.head_dim, cfg.max_position_embeddings, cfg.rope_local_theta, xp=xp)
         self.scale = cfg.attention_scale or cfg.head_dim ** -0.5
         self._fusable = fused_layer_computes(cfg)
+        if xp is np:
+            host_fallback.report(self.served_weights())
 
     @staticmethod
     def _layer(take, weights: dict, index: int, put, quantization: str, xp) -> LayerWeights:
@@ -107,15 +110,19 @@ class LlamaModel:
             post_ffn_norm=optional("post_ffn_norm"),
         )
 
-    def weight_bytes(self) -> int:
-        """Bytes of all weights as served (the tied LM head counted once)."""
-        seen, total = set(), 0
+    def served_weights(self) -> list:
+        """Every weight tensor as served, once (the tied LM head is the embedding table)."""
+        seen, tensors = set(), []
         for tensor in [self.embed, self.norm, self.lm_head, *(v for layer in self.layers
                                                               for v in vars(layer).values())]:
             if tensor is not None and id(tensor) not in seen:
                 seen.add(id(tensor))
-                total += int(tensor.nbytes)
-        return total
+                tensors.append(tensor)
+        return tensors
+
+    def weight_bytes(self) -> int:
+        """Bytes of all weights as served (the tied LM head counted once)."""
+        return sum(int(tensor.nbytes) for tensor in self.served_weights())
 
     def reserve_positions(self, positions: int) -> None:
         """Grow the RoPE tables to cover positions [0, positions) before a step reads them."""

@@ -6,6 +6,11 @@
   none  everything dequantized to float (the exact reference mode);
   q8_0  every matrix quantized to Q8_0 (fp16/bf16/fp32 checkpoints too).
 
+Where the host kernels cannot load (no C compiler, a failed build; not EMBER_HOST_KERNELS=0, which keeps the
+twins as written), a host-quantized matrix is dequantized once at load (a DequantizedWeight): the
+NumPy twin computes the same, without dequantizing every matrix on every call, at 4-7x the memory
+(32 bits a weight against the 4.5-8.5 of the blocks).
+
 On a device (xp is not NumPy) the CUDA kernels (cuda/matmul_q.cu) serve Q8_0, Q4_0 and Q4_1 as
 stored, on the device; with auto, other GGUF types (and stacks) are dequantized to the device
 dtype instead.
@@ -16,8 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ember_cupy.ops import _host
 from ember_cupy.ops.pack import to_kernel_format
-from ember_cupy.packed_weight import PackedWeight, StackedWeight, stack
+from ember_cupy.packed_weight import DequantizedWeight, PackedWeight, StackedWeight, stack
 from ember_cupy.quant import (DEVICE_FORMATS, DeviceQuantizedWeight, QuantizedStack, QuantizedTensor, quantize_q8_0,
                               to_device_format)
 
@@ -25,11 +31,12 @@ from ember_cupy.quant import (DEVICE_FORMATS, DeviceQuantizedWeight, QuantizedSt
 def _quantized(tensor: QuantizedTensor | QuantizedStack, quantization: str, xp):
     if quantization == "q8_0" and (isinstance(tensor, QuantizedStack) or tensor.qtype != "Q8_0"):
         tensor = quantize_q8_0(tensor.dequantize())
-    if isinstance(tensor, QuantizedStack):
-        return stack([to_kernel_format(part) for part in tensor.parts])
-    if xp is not np:
+    if xp is not np and not isinstance(tensor, QuantizedStack):
         return to_device_format(tensor, xp.asarray)
-    return to_kernel_format(tensor)
+    parts = list(tensor.parts) if isinstance(tensor, QuantizedStack) else [tensor]
+    if _host.unavailable() is not None:
+        return DequantizedWeight.of(parts)
+    return stack([to_kernel_format(part) for part in parts])
 
 
 def _served_as_float(tensor: QuantizedTensor | QuantizedStack, quantization: str, xp) -> bool:
@@ -63,4 +70,4 @@ def vocab_matrix(weight, quantization: str, put, xp=np):
 
 
 def is_quantized(weight) -> bool:
-    return isinstance(weight, (PackedWeight, StackedWeight, DeviceQuantizedWeight))
+    return isinstance(weight, (PackedWeight, StackedWeight, DequantizedWeight, DeviceQuantizedWeight))

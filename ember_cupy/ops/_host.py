@@ -47,6 +47,12 @@ class HostKernelError(RuntimeError):
     """The host kernels cannot be built or loaded here."""
 
 
+class NoCompilerError(HostKernelError):
+    """No C compiler to build the host kernels with: no ISA path can load, none is tried after
+    the first. Expected on a machine without build tools, so `active()` leaves the warning to the
+    model load, which knows what the NumPy path costs (ember_cupy/model/host_fallback.py)."""
+
+
 HOST_SOURCE_DIR = kernel_source_dir("cpu", "EMBER_HOST_SOURCES")
 
 
@@ -73,7 +79,17 @@ def supported_isas() -> list[str]:
 
 
 def compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    """$CC, else cc, gcc or clang on PATH; None when none of them is an executable."""
+    chosen = os.environ.get("CC")
+    if chosen:
+        return shutil.which(chosen)
+    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def _no_compiler_reason() -> str:
+    chosen = os.environ.get("CC")
+    return f"no C compiler: CC={chosen!r} is not an executable" if chosen else \
+        "no C compiler (cc, gcc or clang) on PATH"
 
 
 def _cache_dir() -> Path:
@@ -87,7 +103,7 @@ def _sources() -> list[Path]:
 def _build(isa: str) -> Path:
     cc = compiler()
     if cc is None:
-        raise HostKernelError("no C compiler (cc, gcc or clang) on PATH")
+        raise NoCompilerError(_no_compiler_reason())
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     sources = _sources()
     if not sources:
@@ -186,6 +202,8 @@ def _best_loadable() -> HostLibrary:
     for isa in better:
         try:
             return HostLibrary(isa)
+        except NoCompilerError:
+            raise
         except HostKernelError as error:
             logger.warning("host kernels: %s path unavailable (%s), trying the next", isa, error)
     return HostLibrary(last)
@@ -194,16 +212,30 @@ def _best_loadable() -> HostLibrary:
 @functools.lru_cache(maxsize=None)
 def active() -> HostLibrary | None:
     """The host kernels the ops use, or None (then the NumPy twins run): off by EMBER_HOST_KERNELS=0,
-    or unavailable here (a one-line warning says why)."""
+    or unavailable here (`unavailable()` says why; a one-line warning too, but for a missing
+    compiler, which the model load reports once with its memory cost)."""
+    global _unavailable
+    _unavailable = None
     if os.environ.get("EMBER_HOST_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
         return None
     try:
         library = load_library()
     except (HostKernelError, OSError) as error:
+        _unavailable = error
         first_line = str(error).strip().split("\n")[0]
-        logger.warning("host kernels unavailable, using the NumPy path (slow): %s", first_line)
+        log = logger.info if isinstance(error, NoCompilerError) else logger.warning
+        log("host kernels unavailable, using the NumPy path (slow): %s", first_line)
         return None
     return library
+
+
+_unavailable: Exception | None = None
+
+
+def unavailable() -> Exception | None:
+    """Why the host kernels could not load here; None when they did, or are off by choice."""
+    active()
+    return _unavailable
 
 
 def rows_f32(*arrays) -> bool:

@@ -5,6 +5,7 @@ kept in its GGUF blocks.
 - `PackedWeight` / `StackedWeight` (host): the host kernel (cpu/matmul_q.c: x quantized to int8
   blocks once per call, integer dot products against each part in its own format) or its NumPy
   twin `matmul_q_numpy` (fake-quantized x @ dequantized W, the same arithmetic in real numbers);
+- `DequantizedWeight` (host, no kernels here): the twin, on W dequantized once at load;
 - `DeviceQuantizedWeight` (CUDA): weight-only, x stays in its float dtype; cuda/matmul_q.cu or its
   NumPy twin `matmul_q_cuda_numpy` (x @ dequantized W^T in fp32).
 For up to GEMV_MAX_ROWS rows the GEMV kernel reads W once per 4 rows of x; above, W is
@@ -22,7 +23,7 @@ import numpy as np
 
 from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops._kernel import array_module, i32, kernel
-from ember_cupy.packed_weight import PackedWeight, StackedWeight
+from ember_cupy.packed_weight import DequantizedWeight, PackedWeight, StackedWeight
 from ember_cupy.quant import ONE_PASS, ActivationQuantization, DeviceQuantizedWeight, QuantizedTensor, fake_quantize_activations
 
 GEMV_MAX_ROWS = 8
@@ -50,7 +51,7 @@ _host.register_signature("ember_matmul_parts", [ctypes.c_void_p, ctypes.c_int64,
 
 def linear(x, weight, activations: ActivationQuantization = ONE_PASS):
     """x [T, in] -> [T, out]; `activations`: how x is quantized for a host-quantized weight."""
-    if isinstance(weight, (PackedWeight, StackedWeight, DeviceQuantizedWeight)):
+    if isinstance(weight, (PackedWeight, StackedWeight, DequantizedWeight, DeviceQuantizedWeight)):
         return matmul_q(x, weight, activations=activations)
     return x @ weight
 
@@ -62,7 +63,7 @@ def embedding(table, ids, dtype=np.float32):
         if _cuda.wants_kernel(ids):
             return _dequantize_rows_kernel(table, ids, dtype)
         return dequantize_rows_numpy(table, ids, dtype)
-    if isinstance(table, (QuantizedTensor, PackedWeight)):
+    if isinstance(table, (QuantizedTensor, PackedWeight, DequantizedWeight)):
         return table.dequantize(np.asarray(ids))
     return table[ids]
 
@@ -79,7 +80,7 @@ def matmul_q(x, weight, library=None, activations: ActivationQuantization = ONE_
     if out_dtype is not None and np.dtype(out_dtype) != np.float32:
         raise ValueError(f"the host matmul_q computes float32, not {np.dtype(out_dtype)}")
     library = library or _host.active()
-    if library is None:
+    if library is None or isinstance(weight, DequantizedWeight):
         return matmul_q_numpy(x, weight, activations)
     _check(x, weight)
     if x.dtype != np.float32 or x.strides[-1] != 4:
@@ -95,7 +96,7 @@ def matmul_q(x, weight, library=None, activations: ActivationQuantization = ONE_
     return out
 
 
-def matmul_q_numpy(x: np.ndarray, weight: PackedWeight | StackedWeight,
+def matmul_q_numpy(x: np.ndarray, weight: PackedWeight | StackedWeight | DequantizedWeight,
                    activations: ActivationQuantization = ONE_PASS) -> np.ndarray:
     """The NumPy twin of the host kernel: the int8 activation blocks, and W as its blocks say."""
     _check(x, weight)
@@ -184,11 +185,11 @@ def _check_device(x, weight: DeviceQuantizedWeight) -> None:
         raise ValueError(f"matmul_q: x {x.shape} does not match weight {weight.shape}")
 
 
-def _check(x, weight: PackedWeight | StackedWeight) -> None:
-    if not isinstance(weight, (PackedWeight, StackedWeight)):
-        raise ValueError(f"matmul_q needs a PackedWeight (packed_weight.to_kernel_format) or a StackedWeight, "
-                         f"got {type(weight).__name__}")
+def _check(x, weight: PackedWeight | StackedWeight | DequantizedWeight) -> None:
+    if not isinstance(weight, (PackedWeight, StackedWeight, DequantizedWeight)):
+        raise ValueError(f"matmul_q needs a PackedWeight (packed_weight.to_kernel_format), a StackedWeight "
+                         f"or a DequantizedWeight, got {type(weight).__name__}")
     if x.ndim != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"matmul_q: x {x.shape} does not match weight {weight.shape}")
-    if not all(p.data.flags.c_contiguous for p in weight.parts):
+    if not isinstance(weight, DequantizedWeight) and not all(p.data.flags.c_contiguous for p in weight.parts):
         raise ValueError("matmul_q: weight blocks must be C-contiguous")

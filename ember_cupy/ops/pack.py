@@ -7,8 +7,8 @@ import ctypes
 import numpy as np
 
 from ember_cupy.ops import _host
-from ember_cupy.packed_weight import LAYOUTS, ROWS_PER_GROUP, PackedWeight, check_packable, pack
-from ember_cupy.quant import QuantizedTensor, quantize_q8_0
+from ember_cupy.packed_weight import LAYOUTS, ROWS_PER_GROUP, PackedWeight, check_packable, kernel_type, pack
+from ember_cupy.quant import QuantizedTensor
 
 _host.register_signature("ember_pack_weight", [ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                                ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64], ctypes.c_int)
@@ -31,7 +31,6 @@ def pack_host(tensor: QuantizedTensor, library) -> PackedWeight:
 def to_kernel_format(tensor: QuantizedTensor, library=None) -> PackedWeight:
     """The tensor as the host kernels read it: packed as stored, or (a type without a kernel)
     requantized to Q8_0 from its dequantized values; packed by the host kernel when one is active."""
-    if tensor.qtype not in LAYOUTS:
-        tensor = quantize_q8_0(tensor.dequantize())
+    tensor = kernel_type(tensor)
     library = library or _host.active()
     return pack(tensor) if library is None else pack_host(tensor, library)
