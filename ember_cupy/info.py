@@ -24,6 +24,24 @@ def host_kernel_info() -> dict:
     return info
 
 
+INVARIANT_ACROSS = ["batch", "prefix_cache", "chunked_prefill", "preemption", "thread_count"]
+
+
+def determinism_info(engine=None) -> dict:
+    """What a request's bits do not depend on here (README, Determinism): on the host kernels with
+    every matrix quantized, each reduction runs in an order fixed per token; NumPy's GEMMs
+    (OpenBLAS: float weights, or no host kernels) and the GPU path round by batch shape."""
+    from ember_cupy.backend import get_backend_name
+    from ember_cupy.ops import _host
+    if get_backend_name() != "numpy":
+        return {"bit_identical_across": [], "why_not": "the GPU path's splits and GEMMs follow the batch"}
+    if _host.active() is None:
+        return {"bit_identical_across": [], "why_not": "no host kernels: NumPy's GEMMs round by batch shape"}
+    if engine is not None and not engine.runner.model.every_matmul_quantized():
+        return {"bit_identical_across": [], "why_not": "float matrices: NumPy's GEMMs round by batch shape"}
+    return {"bit_identical_across": INVARIANT_ACROSS}
+
+
 def runtime_info(engine=None) -> dict:
     """Facts about the runtime; with an `LLMEngine`, its serving format and memory too."""
     from ember_cupy.backend import get_backend_name
@@ -34,6 +52,7 @@ def runtime_info(engine=None) -> dict:
         runner = engine.runner
         info.update(quantization=runner.quantization, weight_bytes=runner.model.weight_bytes(),
                     kv_cache_blocks=runner.num_blocks, peak_rss_bytes=peak_rss_bytes())
+    info["determinism"] = determinism_info(engine)
     return info
 
 

@@ -1,8 +1,9 @@
 """Issue 3 on the real model: greedy outputs do not depend on batching, chunking, preemption
-or prefix caching."""
+or prefix caching; on the host kernels not even their logprobs' bits (issue 25)."""
 import pytest
 
 from ember_cupy import SamplingParams
+from ember_cupy.ops import _host
 
 SYSTEM = [{"role": "system", "content": "You are a terse assistant. Answer in one short sentence. "
            "Never use lists. Prefer plain words. " * 3}]
@@ -11,20 +12,29 @@ QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is
              "Say hello in Spanish.", "What animal barks?"]
 PROMPTS = [f"Fact {i}: the number {i * 7} is" if i % 2 else f"Story {i}: Once upon a time a {w}"
            for i, w in enumerate(["cat", "dog", "fox", "owl", "bee", "cow", "elk", "yak"] * 4)]
-GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=3)
+
+
+def bits(output):
+    """A completion's token ids and, on the host kernels, every logprob it reports (the NumPy
+    twins' OpenBLAS GEMMs round by batch shape)."""
+    completion = output.outputs[0]
+    if _host.active() is None:
+        return completion.token_ids
+    return completion.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in completion.logprobs]
 
 
 @pytest.fixture(scope="module")
 def alone(checkpoint):
     from ember_cupy import LLM
     llm = LLM(checkpoint, max_num_seqs=1)
-    return [out.outputs[0].token_ids for out in llm.generate(PROMPTS, GREEDY)]
+    return [bits(out) for out in llm.generate(PROMPTS, GREEDY)]
 
 
 def test_batch_of_32_with_chunked_prefill_budget_64(make_llm, alone):
     llm = make_llm(max_num_seqs=32, max_num_batched_tokens=64)
     outs = llm.generate(PROMPTS, GREEDY)
-    assert [o.outputs[0].token_ids for o in outs] == alone
+    assert [bits(o) for o in outs] == alone
 
 
 def test_tiny_kv_pool_preempts_yet_outputs_are_identical(make_llm, alone):
@@ -32,7 +42,7 @@ def test_tiny_kv_pool_preempts_yet_outputs_are_identical(make_llm, alone):
                    enable_prefix_caching=False)
     outs = llm.generate(PROMPTS, GREEDY)
     assert sum(o.metrics.num_preemptions for o in outs) > 0
-    assert [o.outputs[0].token_ids for o in outs] == alone
+    assert [bits(o) for o in outs] == alone
     assert llm.engine.block_manager.num_free_blocks == 24
 
 

@@ -27,6 +27,7 @@ from ember_cupy.model.weights import is_quantized, linear_weight, vocab_matrix
 from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops.layer import fused_layer_computes, layer_args, llama_layer, step_args
 from ember_cupy.ops.linear import embedding, linear, matmul_q
+from ember_cupy.packed_weight import PackedWeight, StackedWeight
 from ember_cupy.quant import ActivationQuantization
 
 
@@ -119,6 +120,12 @@ class LlamaModel:
                 seen.add(id(tensor))
                 tensors.append(tensor)
         return tensors
+
+    def every_matmul_quantized(self) -> bool:
+        """Every matrix (each layer's and the LM head) runs as a host-quantized matmul, whose rows
+        do not depend on each other (a float matrix goes through NumPy's GEMM)."""
+        matrices = [self.lm_head] + [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        return all(isinstance(m, (PackedWeight, StackedWeight)) for m in matrices)
 
     def weight_bytes(self) -> int:
         """Bytes of all weights as served (the tied LM head counted once)."""
