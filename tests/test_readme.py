@@ -45,7 +45,7 @@ NOT_RUN = {
     "ember-cupy serve --data-parallel-size 2 --data-parallel-backend ray --ray-address auto":
         "joins a two-machine Ray cluster; tests/test_ray_serve.py runs the same app on a local one",
 }
-HELP_ONLY = ("python tools/bench_", "python tools/profile_step.py")
+HELP_ONLY = ("python tools/bench_", "python tools/profile_step.py", "python tools/determinism_check.py")
 
 
 def _shell_commands(block: str) -> list[str]:
