@@ -257,17 +257,23 @@ def check_serve_args(args) -> None:
     check_can_listen(args.host, args.port)
 
 
+def server_settings(args):
+    """The ServerSettings of `serve`'s flags (the plain server's, or the Ray ingress's)."""
+    from ember_cupy.server import ServerSettings
+    return ServerSettings(host=args.host, port=args.port, served_model_names=served_names(args),
+                          api_key=args.api_key or None, allowed_origins=list(args.allowed_origins or []),
+                          max_body_bytes=args.max_request_body_bytes, drain_timeout=args.drain_timeout,
+                          read_timeout=args.read_timeout, response_store_bytes=args.response_store_bytes,
+                          max_prompt_tokens_per_request=args.max_prompt_tokens_per_request,
+                          model_path=args.model)
+
+
 def cmd_serve(args) -> int:
-    from ember_cupy.server import AsyncEngine, EngineMetrics, ServerSettings, serve
+    from ember_cupy.server import AsyncEngine, EngineMetrics, serve
     check_serve_args(args)   # before logging is set up and before the socket opens
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    names = served_names(args)
-    settings = ServerSettings(host=args.host, port=args.port, served_model_names=names,
-                              api_key=args.api_key or None, allowed_origins=list(args.allowed_origins or []),
-                              max_body_bytes=args.max_request_body_bytes, drain_timeout=args.drain_timeout,
-                              read_timeout=args.read_timeout, response_store_bytes=args.response_store_bytes,
-                              max_prompt_tokens_per_request=args.max_prompt_tokens_per_request,
-                              model_path=args.model)
+    settings = server_settings(args)
+    names = settings.served_model_names
     from ember_cupy.ray_serve import cli as ray_cli
     if ray_cli.uses_ray(args):   # --data-parallel-backend ray: replicas on Ray Serve
         return ray_cli.run(args, engine_config(args), settings)

@@ -41,14 +41,21 @@ def test_manifest_args_build_the_application():
 def test_cli_flags_become_builder_args():
     from ember_cupy import cli
     from ember_cupy.ray_serve import cli as ray_cli
-    from ember_cupy.ray_serve.app import RayServeArgs
-    from ember_cupy.server import ServerSettings
+    from ember_cupy.ray_serve.app import RayServeArgs, ingress_kwargs, replica_kwargs
     args = cli.build_parser().parse_args(["serve", "--data-parallel-size", "3", "--data-parallel-backend", "ray",
-                                          "--threads-per-replica", "2", "--api-key", "k", "--block-size", "32"])
+                                          "--threads-per-replica", "2", "--api-key", "k", "--block-size", "32",
+                                          "--prepare-timeout", "2.5", "--max-waiting", "7",
+                                          "--stream-stall-timeout", "9", "--max-prompt-tokens-per-request", "500",
+                                          "--response-store-bytes", "1MiB"])
     assert ray_cli.uses_ray(args)
-    settings = ServerSettings(served_model_names=["m"], api_key="k")
-    built = RayServeArgs(**ray_cli.serve_args(args, cli.engine_config(args), settings))
+    built = RayServeArgs(**ray_cli.serve_args(args, cli.engine_config(args), cli.server_settings(args)))
     assert (built.num_replicas, built.num_threads_per_replica) == (3, 2)
     assert built.engine_config["block_size"] == 32 and built.server_settings["api_key"] == "k"
+    # issue 24's limits: on each replica (its engine), or on the ingress (its HTTP app), or both
+    replica, ingress = replica_kwargs(built), ingress_kwargs(built)
+    assert (replica["prepare_timeout"], replica["max_waiting"], replica["stream_stall_timeout"]) == (2.5, 7, 9)
+    assert replica["engine_config"]["max_waiting"] == 7 and ingress["prepare_timeout"] == 2.5
+    assert ingress["server_settings"]["max_prompt_tokens_per_request"] == 500
+    assert ingress["server_settings"]["response_store_bytes"] == 1 << 20
     with pytest.raises(ValueError, match="data-parallel-backend ray"):
         ray_cli.uses_ray(cli.build_parser().parse_args(["serve", "--data-parallel-size", "2"]))

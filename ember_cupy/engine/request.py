@@ -12,14 +12,14 @@ from ember_cupy.sampling_params import SamplingParams
 
 @dataclass(eq=False)
 class SequenceOutputState:
-    """One sequence's text and logprobs, and how much of them outputs have carried."""
+    """One sequence's text and logprobs: all of them (CUMULATIVE, FINAL_ONLY), or those not yet
+    in an output (DELTA)."""
     seq: Sequence
     detokenizer: IncrementalDetokenizer
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     new_token_ids: list[int] = field(default_factory=list)   # since the previous output
     new_text: str = ""
-    num_logprobs_sent: int = 0
 
     def add_token(self, token_id: int, text: str, logprobs: TokenLogprobs | None) -> None:
         self.new_token_ids.append(token_id)
@@ -31,10 +31,10 @@ class SequenceOutputState:
     def make_output(self, kind: OutputKind, with_logprobs: bool) -> CompletionOutput:
         seq, new_ids, new_text = self.seq, self.new_token_ids, self.new_text
         logprobs = None
-        if with_logprobs:
-            start = self.num_logprobs_sent if kind is OutputKind.DELTA else 0
-            logprobs = self.logprobs[start:]
-            self.num_logprobs_sent = len(self.logprobs)
+        if with_logprobs and kind is OutputKind.DELTA:   # handed on: a stream keeps none of them here
+            logprobs, self.logprobs = self.logprobs, []
+        elif with_logprobs:
+            logprobs = list(self.logprobs)
         if kind is OutputKind.DELTA:
             text, token_ids = new_text, new_ids
         else:

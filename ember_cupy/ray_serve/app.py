@@ -15,6 +15,8 @@ from ember_cupy.ray_serve.ingress import MAX_ONGOING_REQUESTS, OpenAIIngress
 from ember_cupy.ray_serve.prefix_router import PrefixAwareRouter
 from ember_cupy.ray_serve.replica import EngineReplica
 from ember_cupy.ray_serve.round_robin_router import RoundRobinRouter
+from ember_cupy.server.async_engine import DEFAULT_STREAM_STALL_TIMEOUT
+from ember_cupy.server.prepare_workers import DEFAULT_PREPARE_TIMEOUT
 
 ROUTERS = {"prefix": PrefixAwareRouter, "round_robin": RoundRobinRouter,
            "power_of_two": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"}
@@ -37,8 +39,9 @@ class RayServeArgs(BaseModel):
     router_kwargs: dict = Field(default_factory=dict)   # PrefixAwareRouter.initialize_state's
     routing_stats_period_s: float = 0.5
     engine_config: dict = Field(default_factory=dict)   # EngineConfig fields
-    max_waiting: int | None = None
-    stream_stall_timeout: float = 60.0
+    max_waiting: int | None = None                 # per replica (--max-waiting)
+    stream_stall_timeout: float = Field(DEFAULT_STREAM_STALL_TIMEOUT, gt=0)
+    prepare_timeout: float = Field(DEFAULT_PREPARE_TIMEOUT, gt=0)   # tokenizing on the ingress, grammars on a replica
     server_settings: dict = Field(default_factory=dict)  # ServerSettings fields (api_key, ...)
     env_vars: dict[str, str] = Field(default_factory=dict)  # more environment for the replicas
 
@@ -49,12 +52,21 @@ def build(args: RayServeArgs | dict | None = None) -> Application:
     ingress = serve.deployment(OpenAIIngress, name="OpenAIIngress",
                                max_ongoing_requests=args.ingress_max_ongoing_requests,
                                ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": _env(args)}})
-    engines = replica.bind(model=args.model, engine_config=args.engine_config,
-                           served_model_name=args.served_model_name[0], max_waiting=args.max_waiting,
-                           stream_stall_timeout=args.stream_stall_timeout)
-    settings = {"served_model_names": args.served_model_name, **args.server_settings}
-    return ingress.bind(engines, model=args.model, server_settings=settings,
-                        max_ongoing_requests=args.ingress_max_ongoing_requests)
+    return ingress.bind(replica.bind(**replica_kwargs(args)), **ingress_kwargs(args))
+
+
+def replica_kwargs(args: RayServeArgs) -> dict:
+    """EngineReplica's arguments."""
+    return {"model": args.model, "engine_config": args.engine_config, "served_model_name": args.served_model_name[0],
+            "max_waiting": args.max_waiting, "stream_stall_timeout": args.stream_stall_timeout,
+            "prepare_timeout": args.prepare_timeout}
+
+
+def ingress_kwargs(args: RayServeArgs) -> dict:
+    """OpenAIIngress's arguments, but for the engine handle."""
+    return {"model": args.model, "server_settings": {"served_model_names": args.served_model_name,
+                                                     **args.server_settings},
+            "max_ongoing_requests": args.ingress_max_ongoing_requests, "prepare_timeout": args.prepare_timeout}
 
 
 def _replica_options(args: RayServeArgs) -> dict:

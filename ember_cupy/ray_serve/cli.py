@@ -43,7 +43,7 @@ def serve_args(args, engine_config, settings) -> dict:
             "num_gpus_per_replica": args.gpus_per_replica, "num_threads_per_replica": args.threads_per_replica,
             "router": args.router, "engine_config": dataclasses.asdict(engine_config),
             "max_waiting": args.max_waiting, "stream_stall_timeout": args.stream_stall_timeout,
-            "server_settings": server}
+            "prepare_timeout": args.prepare_timeout, "server_settings": server}
 
 
 def run(args, engine_config, settings) -> int:

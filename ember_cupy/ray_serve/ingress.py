@@ -25,6 +25,7 @@ from ember_cupy.ray_serve.fleet_metrics import merge_expositions
 from ember_cupy.ray_serve.remote_engine import RemoteEngine
 from ember_cupy.server.api import ServerSettings
 from ember_cupy.server.launcher import Server
+from ember_cupy.server.prepare_workers import DEFAULT_PREPARE_TIMEOUT
 from ember_cupy.server.metrics import CONTENT_TYPE_LATEST
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the framing the relay re-does.
@@ -38,8 +39,9 @@ class OpenAIIngress:
     """Ray Serve deployment class (app.py wraps it in serve.deployment)."""
 
     async def __init__(self, engine_handle, model: str | None = None, server_settings: dict | None = None,
-                       max_ongoing_requests: int = MAX_ONGOING_REQUESTS):
-        self.engine = RemoteEngine(engine_handle, model)
+                       max_ongoing_requests: int = MAX_ONGOING_REQUESTS,
+                       prepare_timeout: float = DEFAULT_PREPARE_TIMEOUT):
+        self.engine = RemoteEngine(engine_handle, model, prepare_timeout=prepare_timeout)
         settings = ServerSettings(**{**(server_settings or {}), "host": "127.0.0.1", "port": 0,
                                      "model_path": model})
         self.server = Server(self.engine, settings)

@@ -5,12 +5,14 @@ templates, tool calls, SSE, response shapes); this object stands where an AsyncE
 add_request() admits a request on a replica (chosen by the deployment's request router) and gives
 back a stream of its delta outputs; closing the stream cancels the Ray streaming call, which
 aborts the request on its replica. Tokenizing and chat templates run here, with the model's own
-tokenizer, exactly as in `ember-cupy serve`.
+tokenizer, exactly as in `ember-cupy serve`: on threads of their own for small and for large texts,
+for at most prepare_timeout seconds (then PrepareTimeoutError: a 408). A prompt's token ids and its
+index among its request's prompts go to the replica with it (not tokenized again there; its
+scheduler serves every request's first prompt before any request's second).
 """
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 from types import SimpleNamespace
 
@@ -20,7 +22,8 @@ from ember_cupy.outputs import RequestOutput
 from ember_cupy.ray_serve.replica import ADMISSION_ERRORS, ADMITTED, REFUSED
 from ember_cupy.ray_serve.routing_key import RoutingKeys
 from ember_cupy.sampling_params import SamplingParams
-from ember_cupy.server.async_engine import EngineDeadError, EngineState, RequestStream
+from ember_cupy.server.async_engine import SMALL_TEXT_CHARS, EngineDeadError, EngineState, RequestStream
+from ember_cupy.server.prepare_workers import DEFAULT_PREPARE_TIMEOUT, PrepareWorkers
 
 log = logging.getLogger("ember_cupy.ray_serve")
 
@@ -71,10 +74,14 @@ class RemoteEngine:
 
     metrics = None   # each replica keeps its own; the ingress serves them all (fleet_metrics.py)
 
-    def __init__(self, handle, model: str | None, admission_retries: int = 1):
+    def __init__(self, handle, model: str | None, admission_retries: int = 1,
+                 prepare_timeout: float = DEFAULT_PREPARE_TIMEOUT):
+        if not prepare_timeout > 0:
+            raise ValueError(f"prepare_timeout must be > 0 seconds, got {prepare_timeout}")
         self.handle = handle
         self.model = model
         self.admission_retries = admission_retries   # on a replica that died before admitting
+        self.prepare_timeout = prepare_timeout
         self.state = EngineState.NEW
         self.error: str | None = None
         self.engine = None        # a view of a replica's engine: config, model_config, runner
@@ -82,7 +89,8 @@ class RemoteEngine:
         self.max_model_len = None
         self.keys: RoutingKeys | None = None
         self._streams: set[RemoteStream] = set()
-        self._text_executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ember-text")
+        self._small_text = PrepareWorkers("ember-text", slow=False)
+        self._large_text = PrepareWorkers("ember-large-text", slow=True)
 
     async def start(self) -> None:
         """Learn the replicas' engine shape; load the model's tokenizer alone (the ingress never
@@ -90,7 +98,7 @@ class RemoteEngine:
         self.state = EngineState.LOADING
         try:
             info = await self.handle.info.remote()
-            self.tokenizer = await self.off_loop(_load_tokenizer, self.model)
+            self.tokenizer = await asyncio.to_thread(_load_tokenizer, self.model)
         except Exception as exc:
             self.state, self.error = EngineState.DEAD, f"starting the ingress failed: {exc}"
             raise
@@ -105,7 +113,8 @@ class RemoteEngine:
         self.state = EngineState.STOPPED
         for stream in list(self._streams):
             stream.close()
-        self._text_executor.shutdown(wait=False)
+        for workers in (self._small_text, self._large_text):
+            workers.shutdown()
 
     @property
     def is_ready(self) -> bool:
@@ -116,8 +125,9 @@ class RemoteEngine:
         return len(self._streams)
 
     async def off_loop(self, fn, *args, work_chars: int = 0, **kwargs):
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._text_executor, lambda: fn(*args, **kwargs))
+        """As AsyncEngine.off_loop (no max_waiting here: each replica sheds its own load)."""
+        workers = self._large_text if work_chars > SMALL_TEXT_CHARS else self._small_text
+        return await workers.run(lambda: fn(*args, **kwargs), self.prepare_timeout)
 
     async def tokenize(self, text: str) -> list[int]:
         return await self.off_loop(self.tokenizer.encode, text, work_chars=len(text))
@@ -126,15 +136,15 @@ class RemoteEngine:
                           priority: int = 0, cache_salt: str | None = None,
                           prompt_token_ids: list[int] | None = None, prompt_index: int = 0) -> RemoteStream:
         """Admit on a replica; raises what AsyncEngine.add_request raises (ValueError, overloaded,
-        not ready, dead), so the HTTP layer answers exactly as `ember-cupy serve` does. (The
-        replica tokenizes a string prompt again: prompt_token_ids only counted it here; each
-        replica orders its queue by arrival, prompt_index is not sent.)"""
-        routing_key = await self.off_loop(self.keys.of, prompt, cache_salt)
+        timed out, not ready, dead), so the HTTP layer answers exactly as `ember-cupy serve` does."""
+        ids = prompt_token_ids if isinstance(prompt, str) and prompt_token_ids is not None else prompt
+        routing_key = await self.off_loop(self.keys.of, ids, cache_salt,
+                                          work_chars=len(ids) if isinstance(ids, str) else 0)
         params = params or SamplingParams()
         for attempt in range(self.admission_retries + 1):
             responses = self.handle.options(stream=True).generate.remote(
                 prompt, params, request_id=request_id, priority=priority, cache_salt=cache_salt,
-                routing_key=routing_key)
+                prompt_token_ids=prompt_token_ids, prompt_index=prompt_index, routing_key=routing_key)
             try:
                 kind, detail = await responses.__anext__()
             except asyncio.CancelledError:

@@ -13,9 +13,10 @@ from ray import serve
 
 from ember_cupy.config import EngineConfig
 from ember_cupy.sampling_params import SamplingParams
-from ember_cupy.server.async_engine import (AsyncEngine, EngineDeadError, EngineNotReadyError,
-                                            EngineOverloadedError, PrepareTimeoutError)
+from ember_cupy.server.async_engine import (DEFAULT_STREAM_STALL_TIMEOUT, AsyncEngine, EngineDeadError,
+                                            EngineNotReadyError, EngineOverloadedError)
 from ember_cupy.server.metrics import EngineMetrics
+from ember_cupy.server.prepare_workers import DEFAULT_PREPARE_TIMEOUT, PrepareTimeoutError
 
 # What generate() yields first: admission, or the error the ingress re-raises as the same class.
 ADMITTED = "admitted"
@@ -35,22 +36,27 @@ class EngineReplica:
 
     async def __init__(self, model: str | None = None, engine_config: dict | None = None,
                        served_model_name: str = "model", max_waiting: int | None = None,
-                       stream_stall_timeout: float = 60.0):
+                       stream_stall_timeout: float = DEFAULT_STREAM_STALL_TIMEOUT,
+                       prepare_timeout: float = DEFAULT_PREPARE_TIMEOUT):
         config = EngineConfig(**(engine_config or {}))
         self.engine = AsyncEngine(factory=lambda: _load_engine(model, config),
                                   metrics=EngineMetrics(served_model_name), max_waiting=max_waiting,
-                                  stream_stall_timeout=stream_stall_timeout)
+                                  stream_stall_timeout=stream_stall_timeout, prepare_timeout=prepare_timeout)
         await self.engine.start()
         self.requests_admitted = 0
         self.requests_cancelled = 0   # by their caller before finishing (a client that went away)
 
     async def generate(self, prompt, params: SamplingParams, *, request_id: str, priority: int = 0,
-                       cache_salt: str | None = None, routing_key=None):
+                       cache_salt: str | None = None, prompt_token_ids: list[int] | None = None,
+                       prompt_index: int = 0, routing_key=None):
         """(ADMITTED, None) then (OUTPUT, delta RequestOutput)...; or one (REFUSED, (class, message)).
-        routing_key is the router's (prefix_router.py), unused here."""
+        prompt_token_ids, prompt_index: as AsyncEngine.add_request's (the ingress tokenized the
+        prompt; its place among its HTTP request's prompts). routing_key is the router's
+        (prefix_router.py), unused here."""
         try:
-            stream = await self.engine.add_request(prompt, params, request_id=request_id,
-                                                   priority=priority, cache_salt=cache_salt)
+            stream = await self.engine.add_request(prompt, params, request_id=request_id, priority=priority,
+                                                   cache_salt=cache_salt, prompt_token_ids=prompt_token_ids,
+                                                   prompt_index=prompt_index)
         except tuple(ADMISSION_ERRORS.values()) as exc:
             yield REFUSED, (type(exc).__name__, str(exc))
             return

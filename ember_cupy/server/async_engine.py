@@ -29,7 +29,11 @@ from ember_cupy.sampling_params import SamplingParams
 from ember_cupy.server.access_log import RequestUsage, current_usage
 from ember_cupy.server.errors import one_line
 from ember_cupy.server.metrics import EngineMetrics
-from ember_cupy.server.prepare_workers import PrepareWorkers
+from ember_cupy.server.prepare_workers import (  # noqa: F401 (PrepareTimeoutError: re-exported)
+    DEFAULT_PREPARE_TIMEOUT,
+    PrepareTimeoutError,
+    PrepareWorkers,
+)
 
 log = logging.getLogger("ember_cupy.server")
 
@@ -37,9 +41,6 @@ log = logging.getLogger("ember_cupy.server")
 # for any live client (a reader that keeps up never waits), short enough that a client that
 # stops reading but keeps its connection open frees its KV blocks within a minute.
 DEFAULT_STREAM_STALL_TIMEOUT = 60.0
-# Seconds the work before admission (tokenizing, a chat template, a grammar compile) may take,
-# its wait for a worker thread included: then the request is refused (408), not left hanging.
-DEFAULT_PREPARE_TIMEOUT = 30.0
 # Texts up to this many characters are tokenized (and templated) by their own worker threads, so
 # a cheap request never queues behind multi-megabyte ones.
 SMALL_TEXT_CHARS = 64 << 10
@@ -64,10 +65,6 @@ class EngineDeadError(RuntimeError):
 
 class EngineOverloadedError(RuntimeError):
     """The waiting queue is full (max_waiting)."""
-
-
-class PrepareTimeoutError(TimeoutError):
-    """A request's work before admission took longer than prepare_timeout."""
 
 
 class RequestStream:
@@ -284,12 +281,7 @@ class AsyncEngine:
 
     async def _prepare(self, workers: PrepareWorkers, job: Callable[[], object]):
         self._check_admission(workers)
-        future = workers.submit(job)
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), self.prepare_timeout)
-        except TimeoutError:   # wait_for cancelled the job if it had not started
-            raise PrepareTimeoutError(f"the request's preparation (tokenizing, chat template or grammar "
-                                      f"compile) took more than {self.prepare_timeout:g} s") from None
+        return await workers.run(job, self.prepare_timeout)
 
     # --- requests -------------------------------------------------------------------------
     def _check_state(self) -> None:

@@ -2,11 +2,19 @@
 compiles), one pool per kind of work, counting the jobs they hold for backpressure."""
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Callable
 
 PREPARE_THREADS = 2   # per kind of work: small texts, large texts, grammar compiles
+# Seconds the work before admission (tokenizing, a chat template, a grammar compile) may take,
+# its wait for a worker thread included: then the request is refused (408), not left hanging.
+DEFAULT_PREPARE_TIMEOUT = 30.0
+
+
+class PrepareTimeoutError(TimeoutError):
+    """A request's work before admission took longer than its prepare timeout."""
 
 
 class PrepareWorkers:
@@ -33,6 +41,16 @@ class PrepareWorkers:
         future = self._pool.submit(job)
         future.add_done_callback(self._release)   # also when cancelled before it ran
         return future
+
+    async def run(self, job: Callable[[], object], timeout: float):
+        """job() on these threads, awaited for at most `timeout` seconds (its wait for a thread
+        included), then PrepareTimeoutError."""
+        future = self.submit(job)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+        except TimeoutError:   # wait_for cancelled the job if it had not started
+            raise PrepareTimeoutError(f"the request's preparation (tokenizing, chat template or grammar "
+                                      f"compile) took more than {timeout:g} s") from None
 
     def _release(self, _future) -> None:
         with self._lock:

@@ -20,6 +20,7 @@ from ember_cupy.server.async_engine import (
     RequestStream,
 )
 from ember_cupy.server.errors import APIError, from_value_error
+from ember_cupy.server.logprob_limits import check_logprob_entries
 from ember_cupy.server.protocol import GenerationRequest, parse_chat, parse_completion
 from ember_cupy.server.protocol.constraints import tool_spec
 from ember_cupy.server.validation import read_json_body
@@ -29,9 +30,6 @@ RETRY_AFTER_SECONDS = 1
 # the prompt tokens of one request, all its prompts (or embedding inputs) together: what one
 # request may make the engine prefill (--max-prompt-tokens-per-request)
 DEFAULT_MAX_PROMPT_TOKENS_PER_REQUEST = 32768
-# prompt logprobs one response may carry (each a token's top-k entry; echo and prompt_logprobs
-# repeat them per choice): about 8 MB of JSON
-MAX_PROMPT_LOGPROB_ENTRIES = 1 << 17
 
 
 def engine_error(exc: BaseException) -> APIError:
@@ -135,13 +133,13 @@ class OpenAIServing:
         self.check_priority(req)
         req.params = dataclasses.replace(req.params, structured_outputs=req.constraint)
         token_ids = await self.tokenize_prompts(req.prompts, "prompt")
-        check_prompt_logprob_entries(req, sum(map(len, token_ids)))
+        check_logprob_entries(req, [len(ids) for ids in token_ids], self.engine.max_model_len)
         return await self._generate(request, req, req.prompts, token_ids)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         req, prompt, tools = await self.prepare_chat(await read_json_body(request))
         token_ids = await self.tokenize_prompts([prompt], "messages")
-        check_prompt_logprob_entries(req, len(token_ids[0]))
+        check_logprob_entries(req, [len(token_ids[0])], self.engine.max_model_len)
         return await self._generate(request, req, [prompt], token_ids, tools)
 
     async def prepare_chat(self, body: dict) -> tuple[GenerationRequest, str, tool_calls.ToolSpec]:
@@ -266,23 +264,6 @@ def text_chars(messages: list[dict]) -> int:
         elif isinstance(content, list):
             total += sum(len(part.get("text") or "") for part in content if isinstance(part, dict))
     return total
-
-
-def check_prompt_logprob_entries(req: GenerationRequest, num_prompt_tokens: int) -> None:
-    """A 400 when the prompt logprobs asked for would make a response of more than
-    MAX_PROMPT_LOGPROB_ENTRIES entries: prompt_logprobs (and a completion's echoed logprobs) come
-    once per choice of a completion, once per chat response."""
-    copies = req.params.n if req.kind == "completion" else 1
-    asked = [("prompt_logprobs", req.prompt_logprobs)]
-    if req.echo and req.params.logprobs is not None:
-        asked.append(("logprobs", req.params.logprobs))
-    entries = sum(num_prompt_tokens * copies * (k + 1) for _, k in asked if k is not None)
-    if entries > MAX_PROMPT_LOGPROB_ENTRIES:
-        param = next(name for name, k in asked if k is not None)
-        raise APIError(400, f"the prompt logprobs asked for ({param}, {num_prompt_tokens} prompt tokens, "
-                            f"{copies} choice(s) each) would make {entries} entries; a response may carry at most "
-                            f"{MAX_PROMPT_LOGPROB_ENTRIES}: ask for fewer top logprobs, prompt tokens or choices",
-                       param=param, code="invalid_value")
 
 
 class _Context:

@@ -1,11 +1,13 @@
 """The work one request may ask for, and what it may make others wait for (issue 24 items 4 and 5),
-over HTTP on the real model: prompt tokens per request, prompt-logprob responses, a small request
+over HTTP on the real model: prompt tokens per request, logprob responses (prompt and generated
+tokens; and a stream's, which the engine does not keep), a small request
 interleaved with a huge one, and the work before admission (tokenizing, chat templates) counted
 against --max-waiting, on threads of its own for small texts, and bounded in time."""
 from __future__ import annotations
 
 import json
 import time
+import urllib.request
 
 import pytest
 from server_helpers import MODEL, http, parallel
@@ -56,7 +58,7 @@ def test_a_chat_prompt_past_the_cap_is_refused(capped):
     assert status == 400 and error_of(raw)["param"] == "messages", raw[:300]
 
 
-# --- prompt logprobs --------------------------------------------------------------------------
+# --- logprobs: prompt and generated ----------------------------------------------------------
 def test_prompt_logprobs_that_would_make_a_huge_response_are_refused(base_url):
     # 4 x 400 prompt tokens, each echoed with 20 logprobs and given 20 prompt_logprobs, twice (n=2):
     # 134,400 entries (~10 MB of JSON; 64 prompts of 390 tokens made 101 MB)
@@ -69,6 +71,89 @@ def test_prompt_logprobs_that_would_make_a_huge_response_are_refused(base_url):
     small = {**body, "prompt": [ids(40)]}
     status, _, raw = http(base_url, "POST", "/v1/completions", small)
     assert status == 200 and len(json.loads(raw)["choices"][0]["prompt_logprobs"]) == 40
+
+
+@pytest.mark.parametrize("path,field,asks", [
+    ("/v1/chat/completions", "top_logprobs", {"logprobs": True, "top_logprobs": 21}),
+    ("/v1/completions", "logprobs", {"logprobs": 21}),
+    ("/v1/completions", "prompt_logprobs", {"prompt_logprobs": 21})])
+def test_top_logprobs_are_at_most_20_as_openai(base_url, path, field, asks):
+    body = {"model": MODEL, "max_tokens": 1, **asks,
+            **({"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"prompt": "Hi"})}
+    status, _, raw = http(base_url, "POST", path, body)
+    assert status == 400 and error_of(raw)["param"] == field, raw[:300]
+    assert "20" in error_of(raw)["message"], raw[:300]
+
+
+@pytest.mark.parametrize("path,field,asks", [
+    ("/v1/chat/completions", "top_logprobs", {"logprobs": True, "top_logprobs": 20}),
+    ("/v1/completions", "logprobs", {"logprobs": 20})])
+def test_generated_logprobs_that_would_make_a_huge_response_are_refused(base_url, path, field, asks):
+    """16 choices x 400 tokens x (20 + 1) = 134,400 entries held whole in a non-streamed response
+    (n=8, max_tokens=1000 made 12.8 MB of JSON and 271 MiB of server RSS); a stream sends them as
+    they come and is not refused."""
+    body = {"model": MODEL, "n": 16, "max_tokens": 400, "ignore_eos": True, **asks,
+            **({"messages": [{"role": "user", "content": "Count."}]} if "chat" in path else {"prompt": "Count:"})}
+    status, _, raw = http(base_url, "POST", path, body)
+    assert status == 400, raw[:300]
+    error = error_of(raw)
+    assert error["param"] == field and "134400 entries" in error["message"], error
+    assert "at most 131072" in error["message"] and "max_tokens" in error["message"], error
+    assert first_event(base_url, path, {**body, "stream": True}).startswith(b"data: {")
+
+
+def first_event(url: str, path: str, body: dict) -> bytes:
+    """The first server-sent event of a streamed request; then the client leaves (the request is aborted)."""
+    request = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.status == 200
+        return response.readline()
+
+
+def test_generated_logprobs_count_until_the_context_is_full_without_max_tokens(base_url):
+    """No max_tokens: each choice may run until the context (512 tokens here) is full."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count."}], "n": 16, "logprobs": True,
+            "top_logprobs": 20}
+    status, _, raw = http(base_url, "POST", "/v1/chat/completions", body)
+    assert status == 400 and error_of(raw)["param"] == "top_logprobs", raw[:300]
+    status, _, raw = http(base_url, "POST", "/v1/chat/completions", {**body, "n": 2, "max_tokens": 3})
+    assert status == 200, raw[:300]
+    for choice in json.loads(raw)["choices"]:
+        entries = choice["logprobs"]["content"]
+        assert len(entries) == 3 and all(len(e["top_logprobs"]) == 20 for e in entries)
+
+
+class LogprobHoldingEngine(LLMEngine):
+    """The real engine, recording after each step the most generated-token logprobs its requests
+    held (what a request keeps between its outputs)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.most_held = 0
+
+    def step(self):
+        outputs = super().step()
+        held = sum(len(request.state(seq).logprobs) for request in self.requests.values() for seq in request.seqs)
+        self.most_held = max(self.most_held, held)
+        return outputs
+
+
+def test_a_stream_leaves_no_logprobs_behind_in_the_engine(start_server):
+    """Streamed, every token's logprobs go out with its chunk: the engine keeps none of them for the
+    rest of the request (it kept them all, n x max_tokens x 21 entries, until the request ended)."""
+    server = start_server(engine_factory=LogprobHoldingEngine)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count."}], "n": 2, "max_tokens": 40,
+            "ignore_eos": True, "logprobs": True, "top_logprobs": 20, "stream": True}
+    status, _, raw = http(server.url, "POST", "/v1/chat/completions", body)
+    assert status == 200, raw[:300]
+    chunks = [json.loads(line[6:]) for line in raw.decode().splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    for index in (0, 1):
+        entries = [e for chunk in chunks for c in chunk["choices"] if c["index"] == index and c["logprobs"]
+                   for e in c["logprobs"]["content"]]
+        assert len(entries) == 40 and all(len(e["top_logprobs"]) == 20 for e in entries)
+    assert server.engine.engine.most_held == 0
 
 
 # --- a small request beside a huge one --------------------------------------------------------
