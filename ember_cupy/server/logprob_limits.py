@@ -4,9 +4,12 @@ An entry is one token's logprob or one of its top-k alternatives, so a token ask
 logprobs is k + 1 entries. Prompt logprobs (vLLM's prompt_logprobs, a completion's echoed
 logprobs) come once per choice of a completion, once per chat response; a non-streamed response
 holds every generated token's logprobs at once (a stream sends them as they come, so only its
-prompt logprobs, sent in one chunk, count)."""
+prompt logprobs, sent in one chunk, count). A non-streamed request without max_tokens (chat's
+default: the rest of the context) generates at most the tokens whose logprobs fit, and ends with
+finish_reason "length" there, rather than being refused for what it may never generate."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ember_cupy.server.errors import APIError
@@ -30,7 +33,9 @@ class _Asked:
 
 def check_logprob_entries(req: GenerationRequest, prompt_lengths: list[int], max_model_len: int) -> None:
     """A 400 naming the field that asks for most of them when the logprobs asked for would make a
-    response of more than MAX_LOGPROB_ENTRIES entries."""
+    response of more than MAX_LOGPROB_ENTRIES entries; without max_tokens, req.params gets the
+    max_tokens that fits."""
+    _fit_default_max_tokens(req, prompt_lengths, max_model_len)
     asked = [a for a in _asked(req, prompt_lengths, max_model_len) if a.k is not None]
     entries = sum(a.entries for a in asked)
     if entries <= MAX_LOGPROB_ENTRIES:
@@ -58,6 +63,20 @@ def _asked(req: GenerationRequest, prompt_lengths: list[int], max_model_len: int
         asked.append(_Asked(_generated_param(req), f"up to {generated} generated tokens", generated,
                             req.params.logprobs))
     return asked
+
+
+def _fit_default_max_tokens(req: GenerationRequest, prompt_lengths: list[int], max_model_len: int) -> None:
+    """A non-streamed request with generated logprobs and no max_tokens: max_tokens becomes the
+    tokens whose logprobs fit in what the prompt logprobs leave (at least 1; the check then
+    refuses what cannot fit at all), when that is less than the context left."""
+    params = req.params
+    if req.stream or params.max_tokens is not None or params.logprobs is None:
+        return
+    prompt_entries = sum(a.entries for a in _asked(req, prompt_lengths, max_model_len)[:-1] if a.k is not None)
+    per_token = params.n * len(prompt_lengths) * (params.logprobs + 1)
+    fitting = max(1, (MAX_LOGPROB_ENTRIES - prompt_entries) // per_token)
+    if fitting < max_model_len - max(prompt_lengths):
+        req.params = dataclasses.replace(params, max_tokens=fitting)
 
 
 def _generated_param(req: GenerationRequest) -> str:

@@ -13,6 +13,7 @@ import pytest
 from server_helpers import MODEL, http, parallel
 
 from ember_cupy.engine.llm_engine import LLMEngine
+from ember_cupy.server import logprob_limits
 
 SLOW_MARKER = "SLOW"        # a text that the slowed tokenizer takes SLOW_SECONDS for
 SLOW_SECONDS = 1.5
@@ -111,17 +112,25 @@ def first_event(url: str, path: str, body: dict) -> bytes:
         return response.readline()
 
 
-def test_generated_logprobs_count_until_the_context_is_full_without_max_tokens(base_url):
-    """No max_tokens: each choice may run until the context (512 tokens here) is full."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count."}], "n": 16, "logprobs": True,
-            "top_logprobs": 20}
+def test_without_max_tokens_generated_logprobs_stop_where_they_fit(base_url, monkeypatch):
+    """No max_tokens (chat's default: until the context is full): each choice generates at most
+    the tokens whose logprobs fit and ends with "length" there, instead of a 400 for what it might
+    never generate. The limit is lowered here (in this process's server) to 5 tokens of 2 choices
+    x 21 entries; at 131072, 16 such choices would stop at 390 tokens."""
+    monkeypatch.setattr(logprob_limits, "MAX_LOGPROB_ENTRIES", 5 * 2 * 21 + 41)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count."}], "n": 2, "logprobs": True,
+            "top_logprobs": 20, "ignore_eos": True}
     status, _, raw = http(base_url, "POST", "/v1/chat/completions", body)
-    assert status == 400 and error_of(raw)["param"] == "top_logprobs", raw[:300]
-    status, _, raw = http(base_url, "POST", "/v1/chat/completions", {**body, "n": 2, "max_tokens": 3})
     assert status == 200, raw[:300]
-    for choice in json.loads(raw)["choices"]:
-        entries = choice["logprobs"]["content"]
-        assert len(entries) == 3 and all(len(e["top_logprobs"]) == 20 for e in entries)
+    choices = json.loads(raw)["choices"]
+    assert [c["finish_reason"] for c in choices] == ["length", "length"]
+    assert [len(c["logprobs"]["content"]) for c in choices] == [5, 5]
+    assert all(len(e["top_logprobs"]) == 20 for c in choices for e in c["logprobs"]["content"])
+    status, _, raw = http(base_url, "POST", "/v1/chat/completions", {**body, "max_tokens": 3})
+    assert status == 200, raw[:300]
+    assert [len(c["logprobs"]["content"]) for c in json.loads(raw)["choices"]] == [3, 3]
+    status, _, raw = http(base_url, "POST", "/v1/chat/completions", {**body, "max_tokens": 6})
+    assert status == 400 and error_of(raw)["param"] == "top_logprobs", raw[:300]
 
 
 class LogprobHoldingEngine(LLMEngine):
