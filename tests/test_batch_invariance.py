@@ -29,9 +29,12 @@ def test_seeded_outputs_are_the_same_alone_and_in_a_batch_of_16(make_llm):
         assert together == alone, (prompt, sampling.seed)
 
 
-def _tokens_and_logprobs(output):
-    completion = output.outputs[0]
+def _tokens_and_logprobs_of(completion):
     return completion.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in completion.logprobs]
+
+
+def _tokens_and_logprobs(output):
+    return _tokens_and_logprobs_of(output.outputs[0])
 
 
 @pytest.mark.skipif(_host.active() is None, reason="host kernels unavailable (no C compiler)")
@@ -52,3 +55,24 @@ def test_a_prefix_cache_hit_or_a_chunked_prefill_gives_the_same_bits(make_llm, k
             chunked = make_llm(kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=False,
                                max_num_batched_tokens=chunk).generate([prompt], sampling)[0]
             assert _tokens_and_logprobs(chunked) == expected, f"chunks of {chunk}"
+
+
+@pytest.mark.skipif(_host.active() is None, reason="host kernels unavailable (no C compiler)")
+def test_forked_choices_are_the_same_bits_alone_and_among_others(make_llm):
+    """n=3 seeded: every choice is the same bits run alone and among 8 other requests, and choice
+    0 is the n=1 request with the same seed (each choice draws from its own (seed, index) stream)."""
+    llm = make_llm()
+    forked = SamplingParams(temperature=1.0, seed=99, n=3, max_tokens=10, logprobs=2, ignore_eos=True)
+    prompt = PROMPTS[2]
+
+    def choices(output):
+        return [_tokens_and_logprobs_of(c) for c in output.outputs]
+
+    alone = choices(llm.generate([prompt], forked)[0])
+    assert len(set(map(str, alone))) == 3, "the choices should differ at temperature 1"
+    others = [SamplingParams(temperature=0.8, seed=i, max_tokens=12) for i in range(8)]
+    among = llm.generate(FILLER[:4] + [prompt] + FILLER[4:8], others[:4] + [forked] + others[4:])[4]
+    assert choices(among) == alone
+    single = llm.generate([prompt], SamplingParams(temperature=1.0, seed=99, max_tokens=10, logprobs=2,
+                                                   ignore_eos=True))[0]
+    assert choices(single) == alone[:1]
