@@ -52,6 +52,10 @@ _FORMATS = {"json": "json_schema", "json_object": "json_schema", "regex": "regex
 _EMPTY_LANGUAGE = "NoExtensionBias"   # llguidance's error when no text at all can be generated
 
 
+class CompileAbandoned(Exception):
+    """The request gave up (timed out, disconnected) before its compile could start."""
+
+
 class GrammarCompiler:
     def __init__(self, tokenizer, vocab_size: int, cache_size: int = CACHE_SIZE,
                  cache_bytes: int = CACHE_BYTES, max_grammar_bytes: int = MAX_GRAMMAR_BYTES):
@@ -73,8 +77,11 @@ class GrammarCompiler:
                     eos_token=list(self._tokenizer.eos_token_ids))
             return self._ll_tokenizer
 
-    def compile(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
-        """The cached matcher of params (compiled on a miss); ValueError naming what is wrong."""
+    def compile(self, params: StructuredOutputsParams,
+                abandoned: threading.Event | None = None) -> llguidance.LLMatcher:
+        """The cached matcher of params (compiled on a miss); ValueError naming what is wrong.
+        abandoned: set when the caller gave up; a build that has not started then never starts
+        (CompileAbandoned): builds take turns, so one may wait long for the lock."""
         key = params.key
         matcher = self._cache.get(key)
         if matcher is not None:
@@ -84,6 +91,8 @@ class GrammarCompiler:
             matcher = self._cache.get(key)   # built meanwhile by another caller
             if matcher is not None:
                 return matcher
+            if abandoned is not None and abandoned.is_set():
+                raise CompileAbandoned("the request gave up before its grammar compile started")
             before = allocated_bytes()
             try:
                 matcher = call_with_large_stack(self._build, params)
