@@ -85,10 +85,10 @@ def recording_engine(checkpoint, config):
     engine.prompt_indexes = []
     compile_fast = engine.grammars.compile
 
-    def compile_slowly(params):
+    def compile_slowly(params, abandoned=None):
         if SLOW_MARKER in str(params.regex):
             time.sleep(SLOW_SECONDS)
-        return compile_fast(params)
+        return compile_fast(params, abandoned)
     engine.grammars.compile = compile_slowly
     compile_fast(StructuredOutputsParams(regex="[a-z]"))   # the first compile builds llguidance's tokenizer
     return engine

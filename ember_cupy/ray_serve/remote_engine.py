@@ -127,7 +127,7 @@ class RemoteEngine:
     async def off_loop(self, fn, *args, work_chars: int = 0, **kwargs):
         """As AsyncEngine.off_loop (no max_waiting here: each replica sheds its own load)."""
         workers = self._large_text if work_chars > SMALL_TEXT_CHARS else self._small_text
-        return await workers.run(lambda: fn(*args, **kwargs), self.prepare_timeout)
+        return await workers.run(lambda _abandoned: fn(*args, **kwargs), self.prepare_timeout)
 
     async def tokenize(self, text: str) -> list[int]:
         return await self.off_loop(self.tokenizer.encode, text, work_chars=len(text))

@@ -18,6 +18,7 @@ import concurrent.futures
 import enum
 import itertools
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -273,13 +274,14 @@ class AsyncEngine:
         for these threads included; PrepareTimeoutError after prepare_timeout seconds. Never
         touches the LLMEngine's state."""
         workers = self._large_text if work_chars > SMALL_TEXT_CHARS else self._small_text
-        return await self._prepare(workers, lambda: fn(*args, **kwargs))
+        return await self._prepare(workers, lambda _abandoned: fn(*args, **kwargs))
 
     async def tokenize(self, text: str) -> list[int]:
         """A prompt's token ids, as add_request would tokenize it (off the loop, as off_loop)."""
         return await self.off_loop(self.engine.tokenizer.encode, text, work_chars=len(text))
 
-    async def _prepare(self, workers: PrepareWorkers, job: Callable[[], object]):
+    async def _prepare(self, workers: PrepareWorkers, job: Callable[[threading.Event], object]):
+        """job(abandoned) on workers; a caller that gives up (timeout, cancel) abandons it."""
         self._check_admission(workers)
         return await workers.run(job, self.prepare_timeout)
 
@@ -306,14 +308,14 @@ class AsyncEngine:
     def _num_really_waiting(self, workers: PrepareWorkers | None = None) -> int:
         """Queued requests (in the scheduler or about to be added) beyond the free sequence slots:
         those the next step cannot start (a burst into an idle server waits for nothing); and the
-        jobs queued for slow `workers`, of requests before admission. (A request whose preparation
+        jobs queued for slow `workers` or abandoned there and still running. (A request whose preparation
         is done is not refused for those queued behind it, nor a small text for large ones.)"""
         queued = self._num_waiting + sum(1 for op in self._ops if isinstance(op, _Add))
         max_num_seqs = getattr(getattr(self.engine, "config", None), "max_num_seqs", None)
         free = max(0, max_num_seqs - self._num_slots_used) if max_num_seqs else 0
         waiting = max(0, queued - free)
         if workers is not None and workers.slow:   # free sequence slots do not make a worker thread free
-            waiting += workers.num_queued
+            waiting += workers.num_waiting
         return waiting
 
     async def add_request(self, prompt: str | list[int], params: SamplingParams | PoolingParams | None = None, *,
@@ -338,7 +340,7 @@ class AsyncEngine:
             token_ids = await self.tokenize(prompt)
         constraint = getattr(params, "structured_outputs", None)
         if constraint is not None:   # compiled off the loop: admission finds it cached
-            await self._prepare(self._grammar, lambda: self.engine.grammars.compile(constraint))
+            await self._prepare(self._grammar, lambda abandoned: self.engine.grammars.compile(constraint, abandoned))
         self._check_admission()   # again: it may have died, begun stopping or filled up meanwhile
         stream = RequestStream(request_id, self)
         admitted = asyncio.get_running_loop().create_future()

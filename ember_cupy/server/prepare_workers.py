@@ -21,8 +21,12 @@ class PrepareWorkers:
     """The worker threads of one kind of pre-admission work, counting the jobs they hold: those
     beyond the threads wait, and (`slow` work: large texts, grammar compiles) count as waiting
     requests against max_waiting; small texts take milliseconds, so a burst of them is no load to
-    shed. A job keeps counting until it ends, even after its caller gave up on it (a thread
-    cannot be stopped)."""
+    shed.
+
+    A job its caller gives up on (`abandon`: a timeout, a disconnected client) never starts if it
+    has not; one already running cannot be stopped, so it goes on counting as a waiting request
+    until it really ends: clients are refused (503) rather than queued behind abandoned work, and
+    a client that keeps abandoning slow work holds at most the threads, never more."""
 
     def __init__(self, name: str, slow: bool, threads: int = PREPARE_THREADS):
         self.slow = slow
@@ -30,31 +34,57 @@ class PrepareWorkers:
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=name)
         self._lock = threading.Lock()
         self._held = 0
+        self._abandon_flags: dict[concurrent.futures.Future, threading.Event] = {}
+        self._abandoned_running: set[concurrent.futures.Future] = set()
 
     @property
-    def num_queued(self) -> int:
-        return max(0, self._held - self.threads)
+    def num_waiting(self) -> int:
+        """Jobs that hold up a new one: queued beyond the threads, and abandoned ones still running."""
+        with self._lock:
+            return max(0, self._held - self.threads) + len(self._abandoned_running)
 
-    def submit(self, job: Callable[[], object]) -> concurrent.futures.Future:
+    def submit(self, job: Callable[[threading.Event], object]) -> concurrent.futures.Future:
+        """Run job(abandoned) on a worker thread: `abandoned` is set once its caller gave up, for
+        a job that waits on something (a lock) before its costly part, and should then not do it."""
+        abandoned = threading.Event()
         with self._lock:
             self._held += 1
-        future = self._pool.submit(job)
+            future = self._pool.submit(job, abandoned)
+            self._abandon_flags[future] = abandoned
         future.add_done_callback(self._release)   # also when cancelled before it ran
         return future
 
-    async def run(self, job: Callable[[], object], timeout: float):
-        """job() on these threads, awaited for at most `timeout` seconds (its wait for a thread
-        included), then PrepareTimeoutError."""
+    async def run(self, job: Callable[[threading.Event], object], timeout: float):
+        """job(abandoned) on these threads, awaited for at most `timeout` seconds (its wait for a
+        thread included), then PrepareTimeoutError; a caller that gives up (the timeout, a
+        cancelled task: its client left) abandons the job."""
         future = self.submit(job)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
-        except TimeoutError:   # wait_for cancelled the job if it had not started
+        except TimeoutError:
+            self.abandon(future)
             raise PrepareTimeoutError(f"the request's preparation (tokenizing, chat template or grammar "
                                       f"compile) took more than {timeout:g} s") from None
+        except asyncio.CancelledError:
+            self.abandon(future)
+            raise
 
-    def _release(self, _future) -> None:
+    def abandon(self, future: concurrent.futures.Future) -> None:
+        """Its caller gave up: a job not started never starts; a running one is told so, and
+        counted until it ends."""
+        if future.cancel():
+            return
+        with self._lock:
+            flag = self._abandon_flags.get(future)
+            if flag is not None and not future.done():
+                flag.set()
+                self._abandoned_running.add(future)
+
+    def _release(self, future) -> None:
         with self._lock:
             self._held -= 1
+            self._abandon_flags.pop(future, None)
+            self._abandoned_running.discard(future)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -12,6 +12,13 @@ recurses once per rule or `$ref` of a chain; large_stack.py), its first token ma
 there too (where llguidance builds most of its lexer; a grammar that cannot start, its language
 empty, is refused then), and the bytes it allocated meanwhile are its weight: over
 max_grammar_bytes it is refused, and the cache keeps at most cache_bytes of them.
+
+What a constraint may cost in time is bounded by llguidance's parser limits (parser_limits.py):
+a grammar of more than MAX_GRAMMAR_SYMBOLS symbols is refused before it is built, and every mask
+step after the first is bounded by its item and lexer-fuel limits. The first mask is not (its
+parser row is never checked against max_items_in_row: a 30,000-rule Lark chain takes seconds),
+so it is computed at compile, on the matcher the cache keeps: each request's copy starts with it
+and its first step in the engine costs nothing.
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ from ember_cupy.structured.grammar_cache import ByteBoundedCache
 from ember_cupy.structured.large_stack import call_with_large_stack
 from ember_cupy.structured.messages import brief
 from ember_cupy.structured.params import StructuredOutputsParams
+from ember_cupy.structured.parser_limits import PARSER_LIMITS, grammar_size_refusal
 
 logger = logging.getLogger("ember_cupy.structured")
 
@@ -42,6 +50,10 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 _FORMATS = {"json": "json_schema", "json_object": "json_schema", "regex": "regex", "choice": "choice",
             "grammar": "grammar"}
 _EMPTY_LANGUAGE = "NoExtensionBias"   # llguidance's error when no text at all can be generated
+
+
+class CompileAbandoned(Exception):
+    """The request gave up (timed out, disconnected) before its compile could start."""
 
 
 class GrammarCompiler:
@@ -65,8 +77,11 @@ class GrammarCompiler:
                     eos_token=list(self._tokenizer.eos_token_ids))
             return self._ll_tokenizer
 
-    def compile(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
-        """The cached matcher of params (compiled on a miss); ValueError naming what is wrong."""
+    def compile(self, params: StructuredOutputsParams,
+                abandoned: threading.Event | None = None) -> llguidance.LLMatcher:
+        """The cached matcher of params (compiled on a miss); ValueError naming what is wrong.
+        abandoned: set when the caller gave up; a build that has not started then never starts
+        (CompileAbandoned): builds take turns, so one may wait long for the lock."""
         key = params.key
         matcher = self._cache.get(key)
         if matcher is not None:
@@ -76,6 +91,8 @@ class GrammarCompiler:
             matcher = self._cache.get(key)   # built meanwhile by another caller
             if matcher is not None:
                 return matcher
+            if abandoned is not None and abandoned.is_set():
+                raise CompileAbandoned("the request gave up before its grammar compile started")
             before = allocated_bytes()
             try:
                 matcher = call_with_large_stack(self._build, params)
@@ -106,20 +123,23 @@ class GrammarCompiler:
 
     def _build(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
         kind = params.kind
-        matcher = llguidance.LLMatcher(self.ll_tokenizer, _grammar(params), log_level=0)
+        matcher = llguidance.LLMatcher(self.ll_tokenizer, _grammar(params), log_level=0, limits=PARSER_LIMITS)
         if matcher.is_error():
-            raise ValueError(f"structured_outputs.{kind} is invalid: {brief(matcher.get_error())}")
+            error = matcher.get_error()
+            raise ValueError(grammar_size_refusal(kind, error)
+                             or f"structured_outputs.{kind} is invalid: {brief(error)}")
         self._check_start(matcher, kind)
         return matcher
 
     def _check_start(self, matcher: llguidance.LLMatcher, kind: str) -> None:
-        """The first token mask, on a copy: it builds the lexer the copies share, and tells a
-        grammar that cannot produce any text (an empty language) or hits a limit at once."""
-        probe = matcher.deep_copy()
-        llg_numpy.fill_next_token_bitmask(probe, llg_numpy.allocate_token_bitmask(1, self.vocab_size), 0)
-        if not probe.is_error():
+        """The first token mask, on the matcher the cache keeps: it builds the lexer and the first
+        parser row the copies share (a copy made before it would compute them again, in the
+        engine's step), and tells a grammar that cannot produce any text (an empty language) or
+        hits a limit at once."""
+        llg_numpy.fill_next_token_bitmask(matcher, llg_numpy.allocate_token_bitmask(1, self.vocab_size), 0)
+        if not matcher.is_error():
             return
-        error = probe.get_error()
+        error = matcher.get_error()
         if _EMPTY_LANGUAGE in error:
             raise ValueError(f"structured_outputs.{kind} matches no text (its language is empty)")
         raise ValueError(f"structured_outputs.{kind} cannot be used: {brief(error)}")

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from server_helpers import MODEL, free_port, http
+from server_helpers import MODEL, free_port, http, parallel
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -106,6 +106,26 @@ def test_a_grammar_too_large_to_keep_is_a_400_naming_the_limit(base_url):
     status, body = chat(base_url, structured_outputs={"regex": "(a{1000}){1000}"})
     assert status == 400, body
     assert "the limit is 128 MiB per constraint" in body["error"]["message"]
+
+
+# --- grammars whose mask steps would be slow ------------------------------------------------------------
+def test_a_grammar_too_large_to_step_fast_is_a_400_and_a_request_beside_it_completes(serve_process):
+    """A Lark chain of 17,000 rules is 34,000 grammar symbols: llguidance's first parser row
+    predicts every rule, unchecked by its row limit, so its masks took seconds (30,000 rules: ~8 s
+    per request's first step, in the engine's step, stalling every request in the batch). It is
+    refused before it is built, naming the limit; an ordinary request sent beside it is answered
+    as when sent alone (the server of the default settings: the grammar is 390 KB)."""
+    base_url = serve_process[1]
+    ask = {"messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 8}
+    alone = chat(base_url, **ask)
+    slow_grammar, beside = parallel(lambda: chat(base_url, structured_outputs={"grammar": lark_chain(17000)}),
+                                    lambda: chat(base_url, **ask))
+    status, body = slow_grammar
+    assert status == 400, body
+    assert "the limit is 32768 symbols per constraint" in body["error"]["message"]
+    assert beside[0] == 200 and alone[0] == 200
+    assert beside[1]["choices"][0]["message"] == alone[1]["choices"][0]["message"]
+    assert beside[1]["choices"][0]["finish_reason"] == alone[1]["choices"][0]["finish_reason"]
 
 
 # --- empty languages ----------------------------------------------------------------------------------------
