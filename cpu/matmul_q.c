@@ -30,6 +30,9 @@
 #ifndef X_TILE_BYTES
 #define X_TILE_BYTES 8192             /* int8 rows of x swept per weight group: they stay in L1 */
 #endif
+#ifndef WEIGHT_BLOCK_BYTES
+#define WEIGHT_BLOCK_BYTES (256 << 10) /* weight groups swept per pass over x: they stay in L2 */
+#endif
 #ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 1024          /* weights streamed from DRAM: ask for them this far ahead */
 #endif
@@ -613,8 +616,9 @@ static int groups_amx(const struct matmul_job *j, int64_t g0, int64_t g1) {
 }
 #endif
 
-/* A thread's tasks (GROUPS_PER_TASK weight groups each) against every chunk of x in turn: the
- * chunk's int8 rows stay in L1 while its groups pass over them. */
+/* A thread's tasks (GROUPS_PER_TASK weight groups each), a block of groups at a time (about
+ * WEIGHT_BLOCK_BYTES: they stay in L2, read from memory once), the block against every chunk of
+ * x in turn (the chunk's int8 rows stay in L1 while the block's groups pass over them). */
 static void matmul_tasks(void *ctx, int64_t begin, int64_t end) {
     const struct matmul_job *j = ctx;
     const int64_t g0 = begin * GROUPS_PER_TASK;
@@ -622,9 +626,15 @@ static void matmul_tasks(void *ctx, int64_t begin, int64_t end) {
 #if defined(AMX_TILES)
     if (j->amx && groups_amx(j, g0, g1)) return;
 #endif
-    for (int64_t m0 = 0; m0 < j->rows; m0 += j->chunk) {
-        const int64_t m1 = m0 + j->chunk < j->rows ? m0 + j->chunk : j->rows;
-        groups_against_x(j->w, j->wtype, &j->x, j->passes, m0, m1, g0, g1, j->N, j->y, j->ldy);
+    const int64_t group_bytes = j->x.nb / FORMATS[j->wtype].blocks * record_bytes(j->wtype);
+    int64_t block = WEIGHT_BLOCK_BYTES / group_bytes / 2 * 2;      /* even: the pairs stay whole */
+    if (block < 2) block = 2;
+    for (int64_t b0 = g0; b0 < g1; b0 += block) {
+        const int64_t b1 = b0 + block < g1 ? b0 + block : g1;
+        for (int64_t m0 = 0; m0 < j->rows; m0 += j->chunk) {
+            const int64_t m1 = m0 + j->chunk < j->rows ? m0 + j->chunk : j->rows;
+            groups_against_x(j->w, j->wtype, &j->x, j->passes, m0, m1, b0, b1, j->N, j->y, j->ldy);
+        }
     }
 }
 

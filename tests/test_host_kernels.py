@@ -232,6 +232,21 @@ def test_every_isa_path_is_the_portable_path_bit_for_bit(qtype, passes, rows):
         np.testing.assert_array_equal(matmul_q(x, weight, _host.load_library(isa), scheme), portable, err_msg=isa)
 
 
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+def test_a_matrix_of_several_weight_blocks_is_computed_whole(library, qtype):
+    """Each thread sweeps its weight groups a block of ~256 KB at a time against every chunk of x:
+    4096 columns make a Q8_0 group 35 KB, a Q4_K one 19 KB (blocks of 6, 12 groups): 38 groups and
+    24 rows of x (6 chunks) cross block and chunk edges; the output is the twin's and every path's."""
+    rng = np.random.default_rng(4)
+    weight = _weight(rng, qtype, 301, 4096)
+    x = rng.standard_normal((24, 4096)).astype(np.float32)
+    scheme = ActivationQuantization(2, 0.35)
+    ours = matmul_q(x, weight, library, scheme)
+    twin = matmul_q_numpy(x, weight, scheme)
+    np.testing.assert_allclose(ours, twin, rtol=2e-5, atol=2e-5 * np.abs(twin).max())
+    np.testing.assert_array_equal(ours, matmul_q(x, weight, _host.load_library("portable"), scheme))
+
+
 @pytest.mark.parametrize("rows", [1, 8, 13, 40])
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_the_pack_kernel_writes_the_twins_bytes(library, qtype, rows):
