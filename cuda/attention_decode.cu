@@ -1,12 +1,19 @@
 // attention_decode.cu -- paged attention of single query rows (decode; also any row of a prefill
-// when head_dim has no tiled prefill instantiation), with split-KV (flash-decoding) and its merge.
+// when head_dim has no tiled prefill instantiation, or when the caller asks for one reduction
+// order per query, deterministic mode), with split-KV (flash-decoding) and its merge.
 // Batch layout and masking: attention_common.cuh. NumPy twin: ember_cupy/ops/attention.py.
 //
-// Grid (rows, KV heads, splits). all_rows = 0: block x is sequence x, served only when its q_len
-// is 1 (a decode); all_rows = 1: block x is query row x of any sequence. One block serves the whole
-// GQA group of its KV head, so each K/V row is read once per group. With splits > 1 (decode only)
-// split z covers the z-th key range of the row and writes its unnormalised output, running max and
-// running sum to part_out / part_stats; merge_splits combines them.
+// Grid (rows, KV heads, splits). all_rows = 0: block x is sequence row_base + x, served only when
+// its q_len is 1 (a decode); all_rows = 1: block x is query row row_base + x of any sequence. One
+// block serves the whole GQA group of its KV head, so each K/V row is read once per group.
+//
+// Split-KV, one partition per query (batch invariance): a row's visible keys are cut into parts
+// of `span` keys at multiples of span from position 0, span = split_keys doubled until at most
+// kMaxSplits parts remain (decode_row). Nothing of it depends on the batch, the grid or the
+// device, so a query gets the same float operations alone, in any batch and as any row kind.
+// Block z serves part z of its row (blocks past the row's parts exit; grid z is an upper bound);
+// a one-part row writes its output, the others write their unnormalised output, running max and
+// sum to part_out / part_stats, which merge_splits combines in part order.
 //
 // Thread layout: a K/V row of head_dim elements is read by a segment of kLanes lanes, each with
 // kRowVectors 16-byte vectors (kVec elements), so a warp reads whole rows contiguously. Segments
@@ -21,12 +28,35 @@ namespace ember {
 
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeTile = 64;   // keys per tile
-constexpr int kSplitAlign = 16;   // split key ranges are multiples of this
+constexpr int kMaxSplits = 32;   // parts per query row at most (ops/attention.py MAX_DECODE_SPLITS)
 // __launch_bounds__(128, 5): with it ptxas keeps every entry within the 96-register budget on
 // sm_80 and sm_90 without spills (measured: 56-78); without the minimum, NVRTC's sm_80 generic
 // f32 entry took 104.
 constexpr int kDecodeMinBlocks = 5;
 constexpr int kSlotFloats = 8;    // floats of q (and of the output) a thread keeps per row
+
+// A query row of the launch and its key parts: a function of the row's own sequence only.
+struct DecodeRow {
+  int seq, token, q_len, num_keys, first_key, span, first_part, parts;
+  __device__ int part_begin(int z) const { return max(first_key, (first_part + z) * span); }
+  __device__ int part_end(int z) const { return min(num_keys, (first_part + z + 1) * span); }
+};
+
+__device__ __forceinline__ DecodeRow decode_row(const int* context_lens, const int* query_start_loc, int num_seqs,
+                                                int row, int all_rows, int window, int split_keys) {
+  DecodeRow r;
+  r.seq = all_rows ? sequence_of(query_start_loc, num_seqs, row) : row;
+  const int q_start = query_start_loc[r.seq];
+  r.q_len = query_start_loc[r.seq + 1] - q_start;
+  r.token = all_rows ? row : q_start;
+  r.num_keys = context_lens[r.seq] - r.q_len + (r.token - q_start) + 1;
+  r.first_key = first_visible_key(r.num_keys - 1, window);
+  r.span = split_keys;
+  while ((r.num_keys - 1) / r.span - r.first_key / r.span + 1 > kMaxSplits) r.span *= 2;
+  r.first_part = r.first_key / r.span;
+  r.parts = (r.num_keys - 1) / r.span - r.first_part + 1;
+  return r;
+}
 
 template <class T, int kHeadDim>  // kHeadDim = 0: any head_dim <= 128, element loads
 struct DecodeLayout {
@@ -185,18 +215,16 @@ __device__ void decode_attention(T* __restrict__ out, float* __restrict__ part_o
                                  const int* __restrict__ context_lens, const int* __restrict__ query_start_loc,
                                  int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
                                  int max_blocks, int q_token_stride, int q_head_stride, float scale, int window,
-                                 int all_rows) {
+                                 int all_rows, int row_base, int split_keys) {
   using L = DecodeLayout<T, kHeadDim>;
   const int kv_head = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int group = num_heads / num_kv_heads;
-  const int seq = all_rows ? sequence_of(query_start_loc, num_seqs, blockIdx.x) : blockIdx.x;
-  const int q_start = query_start_loc[seq], q_len = query_start_loc[seq + 1] - q_start;
-  if (!all_rows && q_len != 1) return;  // a prefill row: attention_prefill.cu serves it
-  const int token = all_rows ? blockIdx.x : q_start;
-  const int num_keys = context_lens[seq] - q_len + (token - q_start) + 1;
-  const int first_key = first_visible_key(num_keys - 1, window);
-  const int span = ((num_keys - first_key + splits - 1) / splits + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
-  const int lo = first_key + split * span, hi = min(lo + span, num_keys);
+  const DecodeRow dr = decode_row(context_lens, query_start_loc, num_seqs, row_base + blockIdx.x, all_rows, window,
+                                  split_keys);
+  if (!all_rows && dr.q_len != 1) return;  // a prefill row: attention_prefill.cu serves it
+  if (split >= dr.parts) return;           // the row has fewer parts than the grid
+  const int token = dr.token, seq = dr.seq;
+  const int lo = dr.part_begin(split), hi = dr.part_end(split);
   const int* table = block_tables + (long long)seq * max_blocks;
   const int row = num_kv_heads * head_dim;
   const long long kv_offset = (long long)kv_head * head_dim;
@@ -257,15 +285,16 @@ __device__ void decode_attention(T* __restrict__ out, float* __restrict__ part_o
     __syncthreads();
   }
 
-  const long long part = ((long long)seq * num_heads + kv_head * group) * splits + split;  // of head g: + g * splits
+  // of head g: + g * splits (rows of the launch, heads, grid splits)
+  const long long part = ((long long)blockIdx.x * num_heads + kv_head * group) * splits + split;
   for (int e = threadIdx.x; e < group * head_dim; e += blockDim.x) {
     const int g = e / head_dim, d = e % head_dim;
-    if (splits == 1)
+    if (dr.parts == 1)
       out[((long long)token * num_heads + kv_head * group + g) * head_dim + d] = from_float<T>(reduced[e] / row_sum[g]);
     else
       part_out[(part + (long long)g * splits) * head_dim + d] = reduced[e];
   }
-  if (splits > 1) {
+  if (dr.parts > 1) {
     for (int g = threadIdx.x; g < group; g += blockDim.x) {
       part_stats[(part + (long long)g * splits) * 2] = row_max[g];
       part_stats[(part + (long long)g * splits) * 2 + 1] = row_sum[g];
@@ -273,25 +302,27 @@ __device__ void decode_attention(T* __restrict__ out, float* __restrict__ part_o
   }
 }
 
-// One block per (sequence, query head) of the decodes: out = sum_z w_z acc_z / sum_z w_z sum_z,
-// w_z = exp(max_z - max over z); a split with an empty key range (max -inf) weighs 0.
+// One block per (row, query head) of a launch whose row has parts > 1, in part order:
+// out = sum_z w_z acc_z / sum_z w_z sum_z, w_z = exp(max_z - max over z); an empty part weighs 0.
 template <class T>
 __device__ void merge_splits(T* __restrict__ out, const float* __restrict__ part_out,
-                             const float* __restrict__ part_stats, const int* __restrict__ query_start_loc,
-                             int num_heads, int head_dim, int splits) {
-  const int seq = blockIdx.x, head = blockIdx.y;
-  const int q_start = query_start_loc[seq];
-  if (query_start_loc[seq + 1] - q_start != 1) return;
-  const long long part = ((long long)seq * num_heads + head) * splits;
+                             const float* __restrict__ part_stats, const int* __restrict__ context_lens,
+                             const int* __restrict__ query_start_loc, int num_seqs, int num_heads, int head_dim,
+                             int splits, int window, int all_rows, int row_base, int split_keys) {
+  const int head = blockIdx.y;
+  const DecodeRow dr = decode_row(context_lens, query_start_loc, num_seqs, row_base + blockIdx.x, all_rows, window,
+                                  split_keys);
+  if ((!all_rows && dr.q_len != 1) || dr.parts == 1) return;
+  const long long part = ((long long)blockIdx.x * num_heads + head) * splits;
   const float* stats = part_stats + part * 2;
   float top = neg_inf();
-  for (int z = 0; z < splits; ++z) top = fmaxf(top, stats[2 * z]);
+  for (int z = 0; z < dr.parts; ++z) top = fmaxf(top, stats[2 * z]);
   float total = 0.0f;
-  for (int z = 0; z < splits; ++z) total += exp_shifted(stats[2 * z], top) * stats[2 * z + 1];
+  for (int z = 0; z < dr.parts; ++z) total += exp_shifted(stats[2 * z], top) * stats[2 * z + 1];
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     float sum = 0.0f;
-    for (int z = 0; z < splits; ++z) sum += exp_shifted(stats[2 * z], top) * part_out[(part + z) * head_dim + d];
-    out[((long long)q_start * num_heads + head) * head_dim + d] = from_float<T>(sum / total);
+    for (int z = 0; z < dr.parts; ++z) sum += exp_shifted(stats[2 * z], top) * part_out[(part + z) * head_dim + d];
+    out[((long long)dr.token * num_heads + head) * head_dim + d] = from_float<T>(sum / total);
   }
 }
 
@@ -303,11 +334,11 @@ __device__ void merge_splits(T* __restrict__ out, const float* __restrict__ part
       T* out, float* part_out, float* part_stats, const T* q, const T* k_cache, const T* v_cache,     \
       const int* block_tables, const int* context_lens, const int* query_start_loc, int num_seqs,     \
       int num_heads, int num_kv_heads, int head_dim, int block_size, int max_blocks, int q_token_stride, \
-      int q_head_stride, float scale, int window, int all_rows) {                                      \
+      int q_head_stride, float scale, int window, int all_rows, int row_base, int split_keys) {       \
     ember::decode_attention<T, D>(out, part_out, part_stats, q, k_cache, v_cache, block_tables,        \
                                   context_lens, query_start_loc, num_seqs, num_heads, num_kv_heads,    \
                                   head_dim, block_size, max_blocks, q_token_stride, q_head_stride,     \
-                                  scale, window, all_rows);                                            \
+                                  scale, window, all_rows, row_base, split_keys);                      \
   }
 
 #define EMBER_DECODE_ENTRIES(suffix, T)                                                                \
@@ -316,8 +347,10 @@ __device__ void merge_splits(T* __restrict__ out, const float* __restrict__ part
   EMBER_DECODE_ENTRY(suffix, T, 128)                                                                   \
   EMBER_DECODE_ENTRY(suffix, T, 256)                                                                   \
   extern "C" __global__ void paged_attention_merge_##suffix(                                           \
-      T* out, const float* part_out, const float* part_stats, const int* query_start_loc,             \
-      int num_heads, int head_dim, int splits) {                                                       \
-    ember::merge_splits<T>(out, part_out, part_stats, query_start_loc, num_heads, head_dim, splits);   \
+      T* out, const float* part_out, const float* part_stats, const int* context_lens,                \
+      const int* query_start_loc, int num_seqs, int num_heads, int head_dim, int splits, int window,  \
+      int all_rows, int row_base, int split_keys) {                                                    \
+    ember::merge_splits<T>(out, part_out, part_stats, context_lens, query_start_loc, num_seqs,         \
+                           num_heads, head_dim, splits, window, all_rows, row_base, split_keys);       \
   }
 EMBER_FOR_EACH_DTYPE(EMBER_DECODE_ENTRIES)

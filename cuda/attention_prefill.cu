@@ -7,7 +7,9 @@
 // the group's heads, so every K/V tile is read once for the whole GQA group. Block x is the x-th
 // tile of the batch's prefill sequences in order (blocks past the last tile exit). The tile
 // attends keys from its first token's first visible key to its last token's position, in K/V
-// tiles of kKeys keys: load K/V -> S = scale * Q K^T -> masked online softmax -> O += P V.
+// tiles of kKeys keys at multiples of kKeys from position 0 (so a row's reduction order is its
+// own, whatever tile, chunk or batch holds it): load K/V -> S = scale * Q K^T -> masked online
+// softmax -> O += P V.
 // Warps: kPrefillRows / 16 row groups x kColumnWarps, each warp owning 16 rows x 64 output
 // columns (32 accumulators per thread). f16/bf16 on sm_80+ compute S and P V with mma.sync
 // m16n8k16 (fp32 accumulate); everything else (f32, and the CPU shim) takes the portable path.
@@ -309,7 +311,10 @@ __device__ void prefill_attention(T* __restrict__ out, const T* __restrict__ q, 
 #pragma unroll
   for (int c = 0; c < 32; ++c) acc[c] = 0.0f;
 
-  for (int first = tile.first_key; first < tile.end_key; first += L::kKeys) {
+  // Key tiles at multiples of kKeys from position 0, not from the tile's first key: a row's tiles
+  // (its reduction order) then do not depend on which query tile, chunk or batch it is in; the
+  // keys before a row's window or after its position are masked, exact no-ops for it.
+  for (int first = tile.first_key / L::kKeys * L::kKeys; first < tile.end_key; first += L::kKeys) {
     load_kv_tile<T, L, kHeadDim>(k_tile, v_tile, k_cache, v_cache, table, first, tile.end_key, block_size, row,
                                  kv_offset);
     __syncthreads();

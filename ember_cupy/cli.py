@@ -93,6 +93,10 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
               "1 = llama.cpp's single pass (faster batches, less faithful); CuPy: weight-only, unused")
     _add(g, "--second-pass-threshold", type=float, default=EngineConfig.second_pass_threshold,
          help="with 2 activation passes: blocks whose d^2 >= this x the row's mean d^2 get the second (0 = all)")
+    _add(g, "--deterministic", action="store_true", default=False,
+         help="CuPy: the same token ids and logprobs for a request whatever the batch, prefix-cache hits or "
+              "chunk splits, at a cost in speed (every attention row through the decode kernel, every "
+              "quantized matmul through the GEMV); the CPU kernels are deterministic without it")
     _add(g, "--no-progress", action="store_true", default=False, help="no progress bar while loading")
 
 
@@ -188,7 +192,7 @@ def engine_config(args) -> EngineConfig:
                         max_waiting=args.max_waiting, dtype=args.dtype,
                         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
                         activation_passes=args.activation_passes, second_pass_threshold=args.second_pass_threshold,
-                        gpu_memory_utilization=args.gpu_memory_utilization)
+                        gpu_memory_utilization=args.gpu_memory_utilization, deterministic=args.deterministic)
 
 
 class ProgressBar:

@@ -107,6 +107,11 @@ class EngineConfig:
     # bytes per block, and half what attention reads) unless quantization="none" (the exact fp32
     # reference), else the model dtype (ember_cupy/ops/cache.py: resolve_kv_cache_dtype).
     kv_cache_dtype: str = "auto"
+    # The same token ids and logprobs for a request whatever else runs (the batch, prefix-cache
+    # hits, chunked-prefill splits, preemption) where that costs speed: on CuPy every attention
+    # query row through the decode kernel, every quantized matmul through the GEMV kernel, what
+    # M may be. The host (CPU) kernels need no flag: one reduction order per row by default.
+    deterministic: bool = False
 
     def __post_init__(self):
         _require(self.max_num_seqs >= 1, "EngineConfig.max_num_seqs must be >= 1")
@@ -133,3 +138,5 @@ class EngineConfig:
                  "EngineConfig.gpu_memory_utilization must be in (0, 1]")
         _require(self.max_waiting is None or self.max_waiting >= 1,
                  "EngineConfig.max_waiting must be >= 1")
+        _require(isinstance(self.deterministic, bool),
+                 f"EngineConfig.deterministic must be True or False, got {self.deterministic!r}")

@@ -166,3 +166,21 @@ def test_chat_reads_a_pipe_too():
     done = _cli("chat", "--max-tokens", "2", "--temperature", "0", stdin="Hi\n/reset\n")
     assert done.returncode == 0, done.stderr
     assert "[conversation reset]" in done.stderr
+
+
+def test_deterministic_flag_its_environment_variable_and_its_validation(monkeypatch):
+    from ember_cupy import cli
+    from ember_cupy.config import EngineConfig
+    monkeypatch.delenv("EMBER_DETERMINISTIC", raising=False)
+    parse = lambda *args: cli.engine_config(cli.build_parser().parse_args(["serve", *args]))  # noqa: E731
+    assert parse().deterministic is False and parse("--deterministic").deterministic is True
+    monkeypatch.setenv("EMBER_DETERMINISTIC", "1")
+    assert parse().deterministic is True
+    monkeypatch.setenv("EMBER_DETERMINISTIC", "perhaps")
+    with pytest.raises(SystemExit, match="EMBER_DETERMINISTIC"):
+        parse()
+    with pytest.raises(ValueError, match="deterministic must be True or False"):
+        EngineConfig(deterministic="yes")
+    monkeypatch.delenv("EMBER_DETERMINISTIC")
+    help_text = _cli("serve", "--help").stdout
+    assert "--deterministic" in help_text and "EMBER_DETERMINISTIC" in help_text

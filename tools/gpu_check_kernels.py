@@ -120,11 +120,12 @@ def _raw_logprobs(logits, batch):
     return [values, chosen, _one_hot(xp, (ids.shape[0], logits.shape[1]), ids, ranks)]
 
 
-def _forced_splits_op(splits: int):
-    """ops.paged_attention with every decode split `splits` ways (the twin ignores it)."""
+def _split_keys_op(split_keys: int, deterministic: bool = False):
+    """ops.paged_attention with decode parts of `split_keys` keys (the twin ignores it), every
+    row through the decode kernel when deterministic."""
     def paged_attention_split(*args):
-        with attention.forced_decode_splits(splits):
-            return ops.paged_attention(*args)
+        with attention.decode_split_keys(split_keys):
+            return ops.paged_attention(*args, deterministic=deterministic)
     return paged_attention_split
 
 
@@ -150,13 +151,18 @@ def cases(dtype: str):
                 return [*batch, heads[2] ** -0.5, window]
             yield (f"paged_attention{heads}, window {window}", ops.paged_attention, build, None,
                    [((1 + 1 + 1 + 13 + 129, heads[0], heads[2]), dtype)])
-    # head dims 64/128/256 (templated decode, tiled prefill) and 80 (generic), split-KV forced
-    for heads, splits in (((9, 3, 64), 16), ((16, 2, 128), 3), ((8, 2, 256), 2), ((6, 2, 80), 1)):
+    # head dims 64/128/256 (templated decode, tiled prefill) and 80 (generic), decode parts of
+    # a few keys (many parts and merges), and every row through the decode kernel (deterministic)
+    for heads, split_keys, deterministic in (((9, 3, 64), 8, False), ((16, 2, 128), 40, False),
+                                             ((8, 2, 256), 64, False), ((6, 2, 80), 1000, False),
+                                             ((9, 3, 64), 16, True)):
         def build(put, rng, heads=heads):
             batch = _paged_batch(put, rng, [1, 17, 300, 70, 200], [1, 1, 1, 70, 37], 5, *heads, dtype)
             return [*batch, heads[2] ** -0.5, 24]
-        yield (f"paged_attention{heads}, {splits} forced splits, pages of 5, window 24", _forced_splits_op(splits),
-               build, None, [((1 + 1 + 1 + 70 + 37, heads[0], heads[2]), dtype)])
+        mode = ", deterministic" if deterministic else ""
+        yield (f"paged_attention{heads}, parts of {split_keys} keys, pages of 5, window 24{mode}",
+               _split_keys_op(split_keys, deterministic), build, None,
+               [((1 + 1 + 1 + 70 + 37, heads[0], heads[2]), dtype)])
     if dtype == "float32":   # the bitmask kernel masks float32 logits only
         yield "apply_token_bitmask", apply_token_bitmask, lambda put, rng: _bitmask_args(put, rng, dtype), [0], []
         yield "apply_logit_edits", sampler.apply_logit_edits, _sampling_args, [0], []

@@ -88,7 +88,8 @@ class ModelRunner:
         self.model = LlamaModel(checkpoint, xp=xp, dtype=dtype, quantization=self.quantization,
                                 consume=consume_checkpoint,
                                 activations=ActivationQuantization(config.activation_passes,
-                                                                   config.second_pass_threshold))
+                                                                   config.second_pass_threshold),
+                                deterministic=config.deterministic)
         kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype, xp, self.quantization)
         itemsize = kv_dtype.itemsize
         pool_bytes = config.kv_cache_memory if xp is np else device_kv_bytes(config, self.model_config, itemsize)

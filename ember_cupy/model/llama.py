@@ -64,11 +64,14 @@ class LayerWeights:
 
 class LlamaModel:
     def __init__(self, checkpoint: Checkpoint, xp=np, dtype=np.float32, quantization: str = "none",
-                 consume: bool = False, activations: ActivationQuantization = ActivationQuantization(passes=2)):
+                 consume: bool = False, activations: ActivationQuantization = ActivationQuantization(passes=2),
+                 deterministic: bool = False):
         """quantization: serving format of the matrices (ember_cupy/model/weights.py); consume:
         drop each checkpoint tensor once converted, so that the weights are held once;
-        activations: how a host-quantized matmul quantizes its input (quant.ActivationQuantization)."""
+        activations: how a host-quantized matmul quantizes its input (quant.ActivationQuantization);
+        deterministic: the device kernels' batch-invariant choices (EngineConfig.deterministic)."""
         self.activations = activations
+        self.deterministic = deterministic
         self._fused_key, self._fused = None, None     # per-layer host-call arguments, per KV pool
         self.config: ModelConfig = checkpoint.config
         self.xp = xp
@@ -184,9 +187,9 @@ class LlamaModel:
         return x
 
     def _mlp(self, x, layer: LayerWeights):
-        gate_up = linear(x, layer.gate_up, self.activations)
+        gate_up = linear(x, layer.gate_up, self.activations, self.deterministic)
         activated = ops.silu_and_mul(gate_up) if self.config.hidden_act == "silu" else ops.gelu_tanh_and_mul(gate_up)
-        return linear(activated, layer.down, self.activations)
+        return linear(activated, layer.down, self.activations, self.deterministic)
 
     # --- one host-kernel call per layer (ops/layer.py); the loop above is its twin ---------
     fuse_layers = True      # tools/profile_step.py turns it off to time the ops one by one
@@ -222,7 +225,8 @@ class LlamaModel:
         """x @ lm_head.T. For 2-24 rows on NumPy, lm_head @ x.T over slices of 1024 vocab rows
         is 1.3-1.6x faster with OpenBLAS (measured): the big matrix is not packed in one go."""
         if is_quantized(self.lm_head):
-            return matmul_q(x, self.lm_head, activations=self.activations, out_dtype=np.float32)
+            return matmul_q(x, self.lm_head, activations=self.activations, out_dtype=np.float32,
+                            deterministic=self.deterministic)
         rows = x.shape[0]
         if self.xp is not np:
             return self._logits_fp32(x)
@@ -252,7 +256,7 @@ class LlamaModel:
 
     def _attention(self, x, index: int, layer: LayerWeights, batch: BatchMetadata, k_cache, v_cache):
         cfg = self.config
-        qkv = linear(x, layer.qkv, self.activations)
+        qkv = linear(x, layer.qkv, self.activations, self.deterministic)
         if layer.qkv_bias is not None:
             qkv += layer.qkv_bias
         num_tokens = x.shape[0]
@@ -266,8 +270,8 @@ class LlamaModel:
         ops.apply_rope(q, k, batch.positions, cos_sin, is_neox=True)
         ops.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         out = ops.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,
-                                  batch.query_start_loc, self.scale, window)
-        return linear(out.reshape(num_tokens, cfg.q_size), layer.o, self.activations)
+                                  batch.query_start_loc, self.scale, window, self.deterministic)
+        return linear(out.reshape(num_tokens, cfg.q_size), layer.o, self.activations, self.deterministic)
 
     def _head_norm(self, x, weight):
         """RMSNorm over each head of x [T, H, D] (a new contiguous array)."""

@@ -10,7 +10,8 @@ masked). Caches may hold float32 or float16 (a 16-bit
 KV cache); scores, softmax and the output are computed in float32.
 
 Dispatch: CuPy arrays (or an installed kernel provider) -> the CUDA kernels (decode rows: split-KV
-decode kernel + merge; prefill rows: tiled FlashAttention-2 kernel); NumPy arrays with
+decode kernel + merge; prefill rows: tiled FlashAttention-2 kernel, or the decode kernel too in
+deterministic mode); NumPy arrays with
 host kernels active -> cpu/attention.c (float32 queries, float32/float16 contiguous caches);
 otherwise the NumPy twin `paged_attention_numpy`.
 """
@@ -40,13 +41,17 @@ PREFILL_TILE = 64
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                     block_tables: np.ndarray, context_lens: np.ndarray,
-                    query_start_loc: np.ndarray, scale: float, window: int = 0) -> np.ndarray:
+                    query_start_loc: np.ndarray, scale: float, window: int = 0,
+                    deterministic: bool = False) -> np.ndarray:
     """q [T, Hq, D]; caches [num_blocks, block_size, Hk, D] -> out [T, Hq, D]; window: keys a
-    query sees, itself included (0 = all before it)."""
+    query sees, itself included (0 = all before it). deterministic: on the CUDA kernels, every
+    query row through the decode kernel, so that a query gets the same bits whether it is a
+    decode or a prefill row (slower prefill); the host kernel and the twin need no flag (the
+    host kernel gives every query one reduction order by default)."""
     _check_window(window)
     if _cuda.wants_kernel(q):
         return _paged_attention_kernel(q, k_cache, v_cache, block_tables, context_lens,
-                                       query_start_loc, scale, window)
+                                       query_start_loc, scale, window, deterministic)
     library = _host.active()
     if library is not None and _host_kernel_applies(q, k_cache, v_cache):
         return paged_attention_host(q, k_cache, v_cache, block_tables, context_lens,
@@ -242,53 +247,44 @@ TEMPLATED_HEAD_DIMS = (64, 128, 256)   # other head dims: the generic row kernel
 GENERIC_MAX_HEAD_DIM = 128
 PREFILL_ROWS = 64                      # (token, head) rows per prefill query tile
 MERGE_THREADS = 128
-# Split-KV: aim for about two blocks per SM, each split covering at least a tile of keys.
-MAX_SPLITS, MIN_KEYS_PER_SPLIT, BLOCKS_PER_SM = 32, DECODE_TILE, 2
-SHIM_SM_COUNT = 8                      # the CPU shim and the stand-in cupy have no SMs to count
+# Split-KV, one partition per query (batch invariance): parts of DECODE_SPLIT_KEYS keys at
+# multiples from position 0, the span doubled until a row has at most MAX_DECODE_SPLITS parts
+# (cuda/attention_decode.cu decode_row). Not tuned on a device: 128 keys (two tiles) keeps a
+# lone decode spread over several blocks per KV head, and a part's partial output (written and
+# merged) stays small beside the K/V it reads.
+DECODE_SPLIT_KEYS, MAX_DECODE_SPLITS = 2 * DECODE_TILE, 32
+# Partial outputs of one decode launch at most (rows are launched in groups to stay within it).
+PART_WORKSPACE_BYTES = 32 << 20
 
-_sm_counts: dict[int, int] = {}        # device id -> multiprocessors
-_forced_splits: int | None = None
+_split_keys = DECODE_SPLIT_KEYS
 
 
 @contextlib.contextmanager
-def forced_decode_splits(splits: int):
-    """Every decode in the block splits its keys over `splits` blocks (tests: split and merge run
-    whatever the device or the batch)."""
-    global _forced_splits
-    if int(splits) != splits or not 1 <= splits <= 1024:
-        raise ValueError(f"forced_decode_splits: splits must be an int in [1, 1024], got {splits!r}")
-    previous, _forced_splits = _forced_splits, int(splits)
+def decode_split_keys(keys: int):
+    """Decode parts of `keys` keys in the block (tests: many parts and merges on short contexts)."""
+    global _split_keys
+    if int(keys) != keys or not 1 <= keys <= 1 << 20:
+        raise ValueError(f"decode_split_keys: keys must be an int in [1, 2^20], got {keys!r}")
+    previous, _split_keys = _split_keys, int(keys)
     try:
         yield
     finally:
-        _forced_splits = previous
+        _split_keys = previous
 
 
-def sm_count(xp) -> int:
-    """Multiprocessors of the current device, asked once per device; SHIM_SM_COUNT off a GPU."""
-    if xp is np:
-        return SHIM_SM_COUNT
-    device_id = xp.cuda.runtime.getDevice()
-    count = _sm_counts.get(device_id)
-    if count is None:
-        attributes = getattr(xp.cuda.Device(device_id), "attributes", None)   # None in the stand-in
-        if not attributes:
-            return SHIM_SM_COUNT
-        count = _sm_counts[device_id] = int(attributes["MultiProcessorCount"])
-    return count
+def decode_parts(num_keys: int, first_key: int = 0, split_keys: int | None = None) -> tuple[int, int]:
+    """(span, parts) of a query row that sees keys first_key .. num_keys - 1: the kernel's
+    decode_row in Python (tests, and the grid bound)."""
+    span = split_keys or _split_keys
+    while (num_keys - 1) // span - first_key // span + 1 > MAX_DECODE_SPLITS:
+        span *= 2
+    return span, (num_keys - 1) // span - first_key // span + 1
 
 
-def decode_splits(xp, num_seqs: int, num_kv_heads: int, max_context: int) -> int:
-    """Key ranges per decode: 1 when (sequence, KV head) blocks already fill the device, else
-    enough to reach BLOCKS_PER_SM blocks per SM, at most one per MIN_KEYS_PER_SPLIT keys of the
-    longest possible context (the block table's width; no device sync to learn the real one)."""
-    if _forced_splits is not None:
-        return _forced_splits
-    blocks, sms = num_seqs * num_kv_heads, sm_count(xp)
-    if blocks >= sms:
-        return 1
-    by_work = -(-BLOCKS_PER_SM * sms // blocks)
-    return max(1, min(MAX_SPLITS, by_work, max_context // MIN_KEYS_PER_SPLIT))
+def grid_splits(max_context: int, split_keys: int | None = None) -> int:
+    """Blocks per row and KV head that cover the parts of any row of at most max_context keys
+    (the block table's width: no device sync to learn the real lengths)."""
+    return max(1, min(MAX_DECODE_SPLITS, -(-max_context // (split_keys or _split_keys))))
 
 
 def max_decode_group(head_dim: int, itemsize: int) -> int:
@@ -316,12 +312,13 @@ def _check_kernel_shapes(q, k_cache, v_cache) -> None:
 
 
 def _paged_attention_kernel(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
-                            window: int = 0):
-    """Decode rows -> the decode kernel (split-KV and merge when the batch is small for the
-    device), prefill rows -> the tiled prefill kernel; a head_dim without a tiled instantiation
-    runs every row through the decode kernel's generic entry. q may be a strided view (e.g. into
-    a fused qkv). Every sequence is taken to have at least one query row (the runner's batches
-    do): then rows > sequences is the sign that some sequence prefills, with no device sync."""
+                            window: int = 0, deterministic: bool = False):
+    """Decode rows -> the decode kernel (split-KV and merge on long contexts), prefill rows -> the
+    tiled prefill kernel; every row through the decode kernel when `deterministic` (a query then
+    gets the same bits as a decode, a small chunk or a long prefill row) or when head_dim has no
+    tiled instantiation (its generic entry). q may be a strided view (e.g. into a fused qkv).
+    Every sequence is taken to have at least one query row (the runner's batches do): then rows >
+    sequences is the sign that some sequence prefills, with no device sync."""
     xp = array_module(q)
     num_tokens, num_heads, head_dim = q.shape
     _check_kernel_shapes(q, k_cache, v_cache)
@@ -333,39 +330,48 @@ def _paged_attention_kernel(q, k_cache, v_cache, block_tables, context_lens, que
     num_seqs, block_size, num_kv_heads = lens.shape[0], k_cache.shape[1], k_cache.shape[2]
     caches = (contiguous(xp, k_cache, "k_cache"), contiguous(xp, v_cache, "v_cache"))
     batch = (tables, lens, starts, i32(num_seqs), i32(num_heads), i32(num_kv_heads))
-    if head_dim not in TEMPLATED_HEAD_DIMS:
-        _launch_decode(xp, out, q, caches, batch, block_size, tables.shape[1], scale, window, num_tokens, 1)
+    geometry = (block_size, tables.shape[1], scale, window)
+    if deterministic or head_dim not in TEMPLATED_HEAD_DIMS:
+        _launch_decode(xp, out, q, caches, batch, geometry, num_tokens, all_rows=True)
         return out
-    splits = decode_splits(xp, num_seqs, num_kv_heads, tables.shape[1] * block_size)
-    _launch_decode(xp, out, q, caches, batch, block_size, tables.shape[1], scale, window, num_seqs, splits)
+    _launch_decode(xp, out, q, caches, batch, geometry, num_seqs, all_rows=False)
     if num_tokens > num_seqs:
         _launch_prefill(out, q, caches, batch, block_size, tables.shape[1], scale, window, num_tokens)
     return out
 
 
-def _launch_decode(xp, out, q, caches, batch, block_size, max_blocks, scale, window, rows, splits):
-    """rows = num_seqs: the decodes (q_len 1), split `splits` ways and merged; rows = num_tokens
-    (splits 1): every query row, through the generic entry."""
-    num_tokens, num_heads, head_dim = q.shape
-    num_seqs, num_kv_heads = int(batch[3]), int(batch[5])
+def _launch_decode(xp, out, q, caches, batch, geometry, rows, all_rows: bool):
+    """all_rows False: rows = num_seqs, the decodes (q_len 1); True: rows = num_tokens, every
+    query row. Each row's keys split into its own parts (decode_parts) and merged; rows go in
+    groups whose partial outputs fit PART_WORKSPACE_BYTES."""
+    block_size, max_blocks, scale, window = geometry
+    num_heads, head_dim = q.shape[1:]
+    num_kv_heads = int(batch[5])
     group = num_heads // num_kv_heads
-    all_rows = head_dim not in TEMPLATED_HEAD_DIMS
+    split_keys = _split_keys
+    splits = grid_splits(max_blocks * block_size, split_keys)
     entry = f"paged_attention_decode_d{head_dim if head_dim in TEMPLATED_HEAD_DIMS else 0}"
+    shared_floats = group * DECODE_TILE + group * head_dim + 3 * group + DECODE_TILE
+    per_row = num_heads * splits * (head_dim + 2) * 4
+    launch_rows = rows if splits == 1 else max(1, min(rows, PART_WORKSPACE_BYTES // per_row))
     if splits > 1:
-        part_out = xp.empty((num_seqs, num_heads, splits, head_dim), dtype=np.float32)
-        part_stats = xp.empty((num_seqs, num_heads, splits, 2), dtype=np.float32)
+        part_out = xp.empty((launch_rows, num_heads, splits, head_dim), dtype=np.float32)
+        part_stats = xp.empty((launch_rows, num_heads, splits, 2), dtype=np.float32)
     else:
         part_out = part_stats = xp.empty((1,), dtype=np.float32)   # not written
-    shared_floats = group * DECODE_TILE + group * head_dim + 3 * group + DECODE_TILE
-    kernel("attention_decode.cu", entry, q.dtype)(
-        (rows, num_kv_heads, splits), (DECODE_THREADS,),
-        (out, part_out, part_stats, q, *caches, *batch, i32(head_dim), i32(block_size), i32(max_blocks),
-         stride(q, 0), stride(q, 1), np.float32(scale), i32(window), i32(all_rows)),
-        shared_mem=4 * shared_floats)
-    if splits > 1:
-        kernel("attention_decode.cu", "paged_attention_merge", q.dtype)(
-            (num_seqs, num_heads), (MERGE_THREADS,),
-            (out, part_out, part_stats, batch[2], batch[4], i32(head_dim), i32(splits)))
+    decode = kernel("attention_decode.cu", entry, q.dtype)
+    for row_base in range(0, rows, launch_rows):
+        count = min(launch_rows, rows - row_base)
+        row_args = (i32(all_rows), i32(row_base), i32(split_keys))
+        decode((count, num_kv_heads, splits), (DECODE_THREADS,),
+               (out, part_out, part_stats, q, *caches, *batch, i32(head_dim), i32(block_size), i32(max_blocks),
+                stride(q, 0), stride(q, 1), np.float32(scale), i32(window), *row_args),
+               shared_mem=4 * shared_floats)
+        if splits > 1:
+            kernel("attention_decode.cu", "paged_attention_merge", q.dtype)(
+                (count, num_heads), (MERGE_THREADS,),
+                (out, part_out, part_stats, batch[1], batch[2], batch[3], batch[4], i32(head_dim), i32(splits),
+                 i32(window), *row_args))
 
 
 def prefill_keys_per_tile(head_dim: int, itemsize: int) -> int:

@@ -49,10 +49,11 @@ _host.register_signature("ember_matmul_parts", [ctypes.c_void_p, ctypes.c_int64,
                                                 ctypes.c_int32, ctypes.c_float], ctypes.c_int)
 
 
-def linear(x, weight, activations: ActivationQuantization = ONE_PASS):
-    """x [T, in] -> [T, out]; `activations`: how x is quantized for a host-quantized weight."""
+def linear(x, weight, activations: ActivationQuantization = ONE_PASS, deterministic: bool = False):
+    """x [T, in] -> [T, out]; `activations`: how x is quantized for a host-quantized weight;
+    `deterministic`: a device-quantized weight's rows computed alike whatever T (matmul_q_cuda)."""
     if isinstance(weight, (PackedWeight, StackedWeight, DequantizedWeight, DeviceQuantizedWeight)):
-        return matmul_q(x, weight, activations=activations)
+        return matmul_q(x, weight, activations=activations, deterministic=deterministic)
     return x @ weight
 
 
@@ -68,14 +69,17 @@ def embedding(table, ids, dtype=np.float32):
     return table[ids]
 
 
-def matmul_q(x, weight, library=None, activations: ActivationQuantization = ONE_PASS, out_dtype=None):
+def matmul_q(x, weight, library=None, activations: ActivationQuantization = ONE_PASS, out_dtype=None,
+             deterministic: bool = False):
     """x [M, K] @ weight[N, K]^T -> [M, N].
     PackedWeight: x float32, out float32; host kernel when one is active; x quantized to int8
-    blocks as `activations` says (two passes: ~14-bit activations where they matter).
-    DeviceQuantizedWeight: out in x's dtype, or `out_dtype` (float32 for the LM head's logits)."""
+    blocks as `activations` says (two passes: ~14-bit activations where they matter; a row's
+    result never depends on M, so `deterministic` changes nothing here).
+    DeviceQuantizedWeight: out in x's dtype, or `out_dtype` (float32 for the LM head's logits);
+    `deterministic`: the GEMV for every M (matmul_q_cuda)."""
     if isinstance(weight, DeviceQuantizedWeight):
         if _cuda.wants_kernel(x):
-            return matmul_q_cuda(x, weight, out_dtype)
+            return matmul_q_cuda(x, weight, out_dtype, deterministic)
         return matmul_q_cuda_numpy(x, weight, out_dtype)
     if out_dtype is not None and np.dtype(out_dtype) != np.float32:
         raise ValueError(f"the host matmul_q computes float32, not {np.dtype(out_dtype)}")
@@ -105,9 +109,11 @@ def matmul_q_numpy(x: np.ndarray, weight: PackedWeight | StackedWeight | Dequant
 
 
 # --- weight-only CUDA path: cuda/matmul_q.cu and its NumPy twins ----------------------------
-def matmul_q_cuda(x, weight: DeviceQuantizedWeight, out_dtype=None):
+def matmul_q_cuda(x, weight: DeviceQuantizedWeight, out_dtype=None, deterministic: bool = False):
     """The kernels' launch: the GEMV for up to GEMV_MAX_ROWS rows, else dequantized slices of W
-    (dequantize_range) times x by cuBLAS, in float32 when the output is float32."""
+    (dequantize_range) times x by cuBLAS, in float32 when the output is float32. deterministic:
+    the GEMV whatever the rows, since a row's sums there do not depend on M (the same operations
+    for 1 or 4 rows a read), while cuBLAS picks its algorithm, and the scratch rounds W, by M."""
     _check_device(x, weight)
     xp = array_module(x)
     out_dtype = np.dtype(x.dtype if out_dtype is None else out_dtype)
@@ -119,7 +125,7 @@ def matmul_q_cuda(x, weight: DeviceQuantizedWeight, out_dtype=None):
     out = xp.empty((rows, n), dtype=out_dtype)
     if rows == 0:
         return out
-    if rows > GEMV_MAX_ROWS:
+    if rows > GEMV_MAX_ROWS and not deterministic:
         return _matmul_dequantized(x, weight, out)
     rows_per_read = 1 if rows == 1 else 4
     f32out = "_f32out" if out_dtype == np.float32 and x.dtype != np.float32 else ""

@@ -98,3 +98,18 @@ def test_bad_shapes_are_value_errors():
 def test_zero_rows():
     _, weight = device_weight(np.random.default_rng(10), "Q4_0", 8, 32)
     assert on_kernel(matmul_q, np.zeros((0, 32), np.float32), weight).shape == (0, 8)
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_deterministic_rows_have_the_same_bits_whatever_m(qtype):
+    """deterministic: the GEMV for any M, whose row sums do not depend on M, so a row of 1, 6
+    (4 + 2 a read) or 37 rows gives the same bits; without it 37 rows take the dequantized
+    slices and a matmul, in another order."""
+    rng = np.random.default_rng(7)
+    _, weight = device_weight(rng, qtype, 13, 1056)
+    x = randn(rng, (37, 1056), "float32")
+    alone = on_kernel(matmul_q, x[5:6], weight, deterministic=True)
+    for rows in (slice(0, 6), slice(0, 37)):
+        got = on_kernel(matmul_q, x[rows], weight, deterministic=True)
+        assert got[5].tobytes() == alone[0].tobytes(), rows
+    assert_at_scale(alone, linear.matmul_q_cuda_numpy(x[5:6], weight), "float32")

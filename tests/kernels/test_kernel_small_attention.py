@@ -13,9 +13,9 @@ def test_small_decode_f16():
 
 
 def test_small_decode_split_and_merge_bf16():
-    """3 splits of contexts 1 and 40: empty key ranges beside full ones."""
+    """Parts of 16 keys: context 1 has one (its blocks past it exit), context 40 three (merged)."""
     rng = np.random.default_rng(51)
-    with attention.forced_decode_splits(3):
+    with attention.decode_split_keys(16):
         check(*make_batch(rng, [1, 40], [1, 1], 8, 4, 2, 64, "bfloat16"), "bfloat16")
 
 
