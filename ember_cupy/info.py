@@ -25,20 +25,27 @@ def host_kernel_info() -> dict:
 
 
 INVARIANT_ACROSS = ["batch", "prefix_cache", "chunked_prefill", "preemption", "thread_count"]
+_FLOAT_GEMMS = "float matrices: their GEMMs (OpenBLAS, cuBLAS) round by batch shape"
 
 
 def determinism_info(engine=None) -> dict:
     """What a request's bits do not depend on here (README, Determinism): on the host kernels with
-    every matrix quantized, each reduction runs in an order fixed per token; NumPy's GEMMs
-    (OpenBLAS: float weights, or no host kernels) and the GPU path round by batch shape."""
+    every matrix quantized, each reduction runs in an order fixed per token; on CUDA the same with
+    --deterministic; float GEMMs (NumPy's, cuBLAS's) round by batch shape."""
     from ember_cupy.backend import get_backend_name
     from ember_cupy.ops import _host
+    model = None if engine is None else engine.runner.model
     if get_backend_name() != "numpy":
-        return {"bit_identical_across": [], "why_not": "the GPU path's splits and GEMMs follow the batch"}
+        if engine is None or not model.deterministic:
+            return {"bit_identical_across": [], "why_not": "without --deterministic the device's decode and "
+                    "prefill kernels, and its GEMV and cuBLAS matmuls, round a row differently"}
+        if not model.every_matmul_quantized():
+            return {"bit_identical_across": [], "why_not": _FLOAT_GEMMS}
+        return {"bit_identical_across": INVARIANT_ACROSS[:-1]}
     if _host.active() is None:
         return {"bit_identical_across": [], "why_not": "no host kernels: NumPy's GEMMs round by batch shape"}
-    if engine is not None and not engine.runner.model.every_matmul_quantized():
-        return {"bit_identical_across": [], "why_not": "float matrices: NumPy's GEMMs round by batch shape"}
+    if model is not None and not model.every_matmul_quantized():
+        return {"bit_identical_across": [], "why_not": _FLOAT_GEMMS}
     return {"bit_identical_across": INVARIANT_ACROSS}
 
 

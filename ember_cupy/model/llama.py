@@ -28,7 +28,7 @@ from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops.layer import fused_layer_computes, layer_args, llama_layer, step_args
 from ember_cupy.ops.linear import embedding, linear, matmul_q
 from ember_cupy.packed_weight import PackedWeight, StackedWeight
-from ember_cupy.quant import ActivationQuantization
+from ember_cupy.quant import ActivationQuantization, DeviceQuantizedWeight
 
 
 _LM_HEAD_SLICE = 1024
@@ -125,10 +125,11 @@ class LlamaModel:
         return tensors
 
     def every_matmul_quantized(self) -> bool:
-        """Every matrix (each layer's and the LM head) runs as a host-quantized matmul, whose rows
-        do not depend on each other (a float matrix goes through NumPy's GEMM)."""
+        """Every matrix (each layer's and the LM head) runs as a quantized matmul of the host
+        kernels or the device's GEMV, whose rows do not depend on each other (a float matrix goes
+        through NumPy's or cuBLAS's GEMM)."""
         matrices = [self.lm_head] + [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        return all(isinstance(m, (PackedWeight, StackedWeight)) for m in matrices)
+        return all(isinstance(m, (PackedWeight, StackedWeight, DeviceQuantizedWeight)) for m in matrices)
 
     def weight_bytes(self) -> int:
         """Bytes of all weights as served (the tied LM head counted once)."""
