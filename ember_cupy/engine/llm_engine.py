@@ -13,7 +13,8 @@ from ember_cupy.engine.model_runner import ModelRunner
 from ember_cupy.engine.outputs import OutputKind, RequestOutput
 from ember_cupy.engine.pooling import PREFILL_ONLY, EmbeddingRequest, PoolingParams
 from ember_cupy.engine.request import Request
-from ember_cupy.engine.sampler import Sampler, TokenLogprobs, log_softmax, top_logprobs
+from ember_cupy.engine.prompt_logprobs import prompt_logprob_entries
+from ember_cupy.engine.sampler import Sampler
 from ember_cupy.engine.scheduler import ScheduledBatch, Scheduler
 from ember_cupy.engine.sequence import Sequence, SequenceStats
 from ember_cupy.model.checkpoint import Checkpoint
@@ -227,12 +228,10 @@ class LLMEngine:
         request = self.requests[seq.request_id]
         if request.prompt_logprobs is None:
             request.prompt_logprobs = [None] * seq.num_prompt_tokens
-        logprobs = log_softmax(to_numpy(logits).astype(np.float32))
-        k = request.params.prompt_logprobs
-        for offset, row in enumerate(logprobs):
-            target = first_position + offset + 1
-            token = seq.prompt_token_ids[target]
-            request.prompt_logprobs[target] = TokenLogprobs(token, float(row[token]), top_logprobs(row, k))
+        first = first_position + 1
+        targets = seq.prompt_token_ids[first:first + logits.shape[0]]
+        entries = prompt_logprob_entries(to_numpy(logits), targets, request.params.prompt_logprobs)
+        request.prompt_logprobs[first:first + len(entries)] = entries
 
     def _detokenize(self, request: Request, seq: Sequence, token_id: int, logprobs) -> None:
         """The text side of a token the scheduler appended: a stop string ends the sequence
