@@ -2,6 +2,7 @@
 kernels compute every row in an order that does not depend on the batch (issue: a seeded request
 at temperature 0.9 changed text among 16 concurrent ones when GEMM reduction order followed the
 batch size). On the NumPy path (quantization="none", OpenBLAS) this is not guaranteed."""
+import numpy as np
 import pytest
 
 from ember_cupy import SamplingParams
@@ -24,3 +25,20 @@ def test_seeded_outputs_are_the_same_alone_and_in_a_batch_of_16(make_llm):
         together = llm.generate(batch, [sampling] + [SamplingParams(temperature=0.8, seed=i, max_tokens=30)
                                                      for i in range(15)])[0].outputs[0].token_ids
         assert together == alone, (prompt, sampling.seed)
+
+
+@pytest.mark.skipif(_host.active() is None, reason="host kernels unavailable (no C compiler)")
+def test_prompt_chunks_of_any_size_give_the_same_logprobs_tokens_and_embeddings(make_llm):
+    """The CPU computes a step's prompt tokens in chunks of max_num_prefill_tokens (issue 24): a
+    prompt cut at 7 tokens a step scores, samples and embeds exactly as in one step."""
+    params = SamplingParams(temperature=0.9, seed=3, max_tokens=4, logprobs=3, prompt_logprobs=5, ignore_eos=True)
+    prompts = [PROMPTS[0] + " " + FILLER[0], FILLER[1] + " " + FILLER[2]]
+    outputs = {}
+    for chunk in (7, 1024):
+        llm = make_llm(enable_prefix_caching=False, max_num_prefill_tokens=chunk)
+        generated = llm.generate(prompts, params)
+        outputs[chunk] = ([(o.prompt_logprobs, o.outputs[0].token_ids, o.outputs[0].logprobs) for o in generated],
+                          [o.embedding for o in llm.embed(prompts)])
+    (chunked, chunked_embeddings), (whole, whole_embeddings) = outputs[7], outputs[1024]
+    assert chunked == whole
+    assert all(np.array_equal(a, b) for a, b in zip(chunked_embeddings, whole_embeddings))

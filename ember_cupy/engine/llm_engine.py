@@ -1,13 +1,14 @@
 """The synchronous engine: add_request / abort / step(), one continuous-batching step at a time."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
 import numpy as np
 
 from ember_cupy.backend import get_xp, keep_freed_memory_mapped, to_numpy
-from ember_cupy.config import EngineConfig
+from ember_cupy.config import CPU_MAX_NUM_PREFILL_TOKENS, EngineConfig
 from ember_cupy.engine.block_manager import BlockManager
 from ember_cupy.engine.model_runner import ModelRunner
 from ember_cupy.engine.outputs import OutputKind, RequestOutput
@@ -31,15 +32,23 @@ logger = logging.getLogger("ember_cupy.engine")
 MIN_KV_CONTEXT = 256
 
 
+def resolve_prefill_budget(config: EngineConfig, xp) -> EngineConfig:
+    """max_num_prefill_tokens=None: a short step on the CPU; on a GPU a step of
+    max_num_batched_tokens is fast, and small ones would waste it."""
+    if config.max_num_prefill_tokens is not None or xp is not np:
+        return config
+    return dataclasses.replace(config, max_num_prefill_tokens=CPU_MAX_NUM_PREFILL_TOKENS)
+
+
 class LLMEngine:
     def __init__(self, model: str | Checkpoint | None = None, config: EngineConfig | None = None,
                  progress=None):
         """model: a .gguf path, an HF directory, an already loaded Checkpoint, or None (default)."""
-        self.config = config or EngineConfig()
+        xp = get_xp()
+        self.config = resolve_prefill_budget(config or EngineConfig(), xp)
         self.checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model, progress)
         self.model_config = self.checkpoint.config
         self.tokenizer = self.checkpoint.tokenizer
-        xp = get_xp()
         # a checkpoint loaded here is consumed by the model, so the weights are held once
         self.runner = ModelRunner(self.checkpoint, self.config, xp=xp,
                                   consume_checkpoint=not isinstance(model, Checkpoint))

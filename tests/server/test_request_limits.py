@@ -8,7 +8,7 @@ import json
 import time
 
 import pytest
-from server_helpers import MODEL, http, parallel
+from server_helpers import MODEL, http, metric, parallel
 
 from ember_cupy.engine.llm_engine import LLMEngine
 
@@ -74,7 +74,7 @@ def test_prompt_logprobs_that_would_make_a_huge_response_are_refused(base_url):
 # --- a small request beside a huge one --------------------------------------------------------
 @pytest.mark.parametrize("inputs,tokens", [(12, 500), (60, 100)], ids=["long-inputs", "many-short-inputs"])
 def test_a_small_chat_is_not_queued_behind_a_huge_embedding_request(base_url, inputs, tokens):
-    """12 embedding inputs of 500 tokens, or 60 of 100, are 6 steps of 1,024 tokens; a 2-token chat
+    """12 embedding inputs of 500 tokens, or 60 of 100, are 6,000 prompt tokens; a 2-token chat
     sent while they run starts at the next step, not in the last input's step: long
     prompts leave a share of each step to short ones, and a request's later inputs wait behind
     other requests' first ones."""
@@ -95,6 +95,23 @@ def test_a_small_chat_is_not_queued_behind_a_huge_embedding_request(base_url, in
 
     assert parallel(embed, small_chat) == [200, 200]
     assert finished["chat"] < finished["embeddings"], finished
+
+
+def test_a_huge_request_runs_in_short_steps_on_the_cpu(base_url):
+    """A step computes at most 32 prompt tokens on the CPU (--max-num-prefill-tokens): a request
+    that arrives while a huge one runs waits for the step in progress, and a step of 1,024 prompt
+    tokens takes seconds on two cores. 4 embedding inputs of 100 tokens: 13 steps or more, each of
+    at most 32 tokens (the server of this session serves nothing else meanwhile)."""
+    def steps() -> tuple[float, float]:
+        name = "vllm:iteration_tokens_total_bucket"
+        return metric(base_url, name, le="32.0"), metric(base_url, name, le="+Inf")
+
+    short_before, all_before = steps()
+    inputs = [ids(100, 20_000 + 997 * i) for i in range(4)]
+    assert http(base_url, "POST", "/v1/embeddings", {"model": MODEL, "input": inputs}, timeout=300)[0] == 200
+    short_after, all_after = steps()
+    assert all_after - all_before >= 400 / 32
+    assert short_after - short_before == all_after - all_before
 
 
 # --- the work before admission ----------------------------------------------------------------
