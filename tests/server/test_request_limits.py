@@ -5,7 +5,9 @@ against --max-waiting, on threads of its own for small texts, and bounded in tim
 from __future__ import annotations
 
 import json
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from server_helpers import MODEL, http, metric, parallel
@@ -112,6 +114,47 @@ def test_a_huge_request_runs_in_short_steps_on_the_cpu(base_url):
     short_after, all_after = steps()
     assert all_after - all_before >= 400 / 32
     assert short_after - short_before == all_after - all_before
+
+
+class GatedTokenizer:
+    """The real tokenizer whose token_bytes_text (what the logprob formatter calls for every
+    entry) waits at `gate` once `building` is set: a response that builds as long as the test wants."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self.building, self.gate = threading.Event(), threading.Event()
+
+    def token_bytes_text(self, token_id: int) -> str:
+        self.building.set()
+        self.gate.wait(60)
+        return self._tokenizer.token_bytes_text(token_id)
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
+def test_the_server_answers_while_a_logprob_response_is_built(start_server):
+    """A response of many logprob entries (up to 131,072) took ~0.5 s of Python on the event loop,
+    which every other request waited for (issue 24): it is built on a thread."""
+    engines = []
+
+    def gated_engine(checkpoint, config):
+        engines.append(LLMEngine(checkpoint, config))
+        engines[-1].tokenizer = GatedTokenizer(engines[-1].tokenizer)
+        return engines[-1]
+
+    url = start_server(engine_factory=gated_engine).url
+    tokenizer = engines[0].tokenizer
+    body = {"model": MODEL, "prompt": ids(8), "max_tokens": 1, "prompt_logprobs": 2}
+    with ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(http, url, "POST", "/v1/completions", body, timeout=120)
+        try:
+            assert tokenizer.building.wait(60)
+            assert http(url, "GET", "/health", timeout=10)[0] == 200   # the event loop is free
+            assert not reply.done()
+        finally:
+            tokenizer.gate.set()
+        assert reply.result()[0] == 200
 
 
 # --- the work before admission ----------------------------------------------------------------
