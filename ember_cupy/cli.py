@@ -12,7 +12,7 @@ import re
 import sys
 import time
 
-from ember_cupy.config import DTYPES, KV_CACHE_DTYPES, POLICIES, QUANTIZATIONS, EngineConfig
+from ember_cupy.config import CPU_MAX_NUM_PREFILL_TOKENS, DTYPES, KV_CACHE_DTYPES, POLICIES, QUANTIZATIONS, EngineConfig
 from ember_cupy.version import __version__
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
@@ -63,6 +63,10 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     _add(g, "--model", default=None, help="a .gguf file or a Hugging Face directory (default: SmolLM2-135M-Instruct)")
     _add(g, "--max-num-seqs", type=int, default=64, help="sequences per step")
     _add(g, "--max-num-batched-tokens", type=int, default=1024, help="tokens per step")
+    _add(g, "--max-num-prefill-tokens", type=int, default=None,
+         help=f"prompt tokens per step, which bound a step's time and so the wait of a request that "
+              f"arrives during a long prefill (default: {CPU_MAX_NUM_PREFILL_TOKENS} on the CPU, "
+              f"--max-num-batched-tokens on CUDA)")
     _add(g, "--max-model-len", type=int, default=None, help="context length (default: the model's, capped by the KV pool)")
     _add(g, "--block-size", type=int, default=16, help="tokens per KV-cache block")
     _add(g, "--kv-cache-memory", "--kv-cache-memory-bytes", type=parse_size, default=1 << 30,
@@ -186,6 +190,7 @@ def _sampling_commands(sub, parser: argparse.ArgumentParser) -> argparse.Argumen
 
 def engine_config(args) -> EngineConfig:
     return EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                        max_num_prefill_tokens=args.max_num_prefill_tokens,
                         max_model_len=args.max_model_len, block_size=args.block_size,
                         kv_cache_memory=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
                         enable_prefix_caching=args.enable_prefix_caching, policy=args.policy,

@@ -75,12 +75,24 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
 
+# max_num_prefill_tokens on the CPU when not given. A request arriving during a long prefill
+# waits for the step in progress, then shares the next one: with steps of 32 prompt tokens (about
+# twice a short chat's own step; 1,024 take ~30x as long) its latency stays within ~3x of its
+# latency alone (tools/attack_http.py, issue 24). The price: a long prefill costs ~25-30% more
+# CPU time than in 1,024-token steps (64-token steps: ~5%, but 4-5x the latency).
+CPU_MAX_NUM_PREFILL_TOKENS = 32
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine batches, schedules and sizes its KV cache."""
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
+    # Prompt tokens one step computes at most (chunks of long prompts, many prompts of one
+    # request, short prompts): what bounds a step's time, which a newly arrived request waits
+    # for. None: CPU_MAX_NUM_PREFILL_TOKENS on the NumPy backend, else max_num_batched_tokens.
+    max_num_prefill_tokens: int | None = None
     max_model_len: int | None = None      # None: the model's context length, capped by the pool
     block_size: int = 16
     kv_cache_memory: int = 1 << 30        # bytes for the K and V pools of all layers together
@@ -117,6 +129,8 @@ class EngineConfig:
         _require(self.max_num_seqs >= 1, "EngineConfig.max_num_seqs must be >= 1")
         _require(self.max_num_batched_tokens >= 1,
                  "EngineConfig.max_num_batched_tokens must be >= 1")
+        _require(self.max_num_prefill_tokens is None or self.max_num_prefill_tokens >= 1,
+                 "EngineConfig.max_num_prefill_tokens must be >= 1")
         _require(self.block_size >= 1 and self.block_size <= 1024,
                  "EngineConfig.block_size must be in [1, 1024]")
         _require(self.kv_cache_memory > 0, "EngineConfig.kv_cache_memory must be > 0 bytes")

@@ -5,6 +5,7 @@ batch size); and the same bits after a prefix-cache hit or with any chunked-pref
 attention reduces keys in a fixed tiling from position 0; before, a query among at most 16 of its
 sequence's took a split-and-merge order, so a cache hit moved the first token's logprobs by up to
 0.08 nats). On the NumPy path (quantization="none", OpenBLAS) this is not guaranteed."""
+import numpy as np
 import pytest
 
 from ember_cupy import SamplingParams
@@ -45,7 +46,7 @@ def test_a_prefix_cache_hit_or_a_chunked_prefill_gives_the_same_bits(make_llm, k
     prompt = " ".join(f"word{i} apple banana cherry" for i in range(60))
     for sampling in (SamplingParams(temperature=0, max_tokens=8, logprobs=5, ignore_eos=True),
                      SamplingParams(temperature=1.0, seed=3, max_tokens=8, logprobs=5, ignore_eos=True)):
-        cached = make_llm(kv_cache_dtype=kv_cache_dtype)
+        cached = make_llm(kv_cache_dtype=kv_cache_dtype, max_num_prefill_tokens=1024)
         cold = cached.generate([prompt], sampling)[0]
         warm = cached.generate([prompt], sampling)[0]
         assert cold.num_cached_tokens == 0 and warm.num_cached_tokens >= 320
@@ -53,7 +54,7 @@ def test_a_prefix_cache_hit_or_a_chunked_prefill_gives_the_same_bits(make_llm, k
         assert _tokens_and_logprobs(warm) == expected, "prefix-cache hit"
         for chunk in (7, 100):
             chunked = make_llm(kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=False,
-                               max_num_batched_tokens=chunk).generate([prompt], sampling)[0]
+                               max_num_prefill_tokens=chunk).generate([prompt], sampling)[0]
             assert _tokens_and_logprobs(chunked) == expected, f"chunks of {chunk}"
 
 
@@ -76,3 +77,20 @@ def test_forked_choices_are_the_same_bits_alone_and_among_others(make_llm):
     single = llm.generate([prompt], SamplingParams(temperature=1.0, seed=99, max_tokens=10, logprobs=2,
                                                    ignore_eos=True))[0]
     assert choices(single) == alone[:1]
+
+
+@pytest.mark.skipif(_host.active() is None, reason="host kernels unavailable (no C compiler)")
+def test_prompt_chunks_of_any_size_give_the_same_logprobs_tokens_and_embeddings(make_llm):
+    """The CPU computes a step's prompt tokens in chunks of max_num_prefill_tokens (issue 24): a
+    prompt cut at 7 tokens a step scores, samples and embeds exactly as in one step."""
+    params = SamplingParams(temperature=0.9, seed=3, max_tokens=4, logprobs=3, prompt_logprobs=5, ignore_eos=True)
+    prompts = [PROMPTS[0] + " " + FILLER[0], FILLER[1] + " " + FILLER[2]]
+    outputs = {}
+    for chunk in (7, 1024):
+        llm = make_llm(enable_prefix_caching=False, max_num_prefill_tokens=chunk)
+        generated = llm.generate(prompts, params)
+        outputs[chunk] = ([(o.prompt_logprobs, o.outputs[0].token_ids, o.outputs[0].logprobs) for o in generated],
+                          [o.embedding for o in llm.embed(prompts)])
+    (chunked, chunked_embeddings), (whole, whole_embeddings) = outputs[7], outputs[1024]
+    assert chunked == whole
+    assert all(np.array_equal(a, b) for a, b in zip(chunked_embeddings, whole_embeddings))

@@ -1,19 +1,21 @@
 """The synchronous engine: add_request / abort / step(), one continuous-batching step at a time."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
 import numpy as np
 
 from ember_cupy.backend import get_xp, keep_freed_memory_mapped, to_numpy
-from ember_cupy.config import EngineConfig
+from ember_cupy.config import CPU_MAX_NUM_PREFILL_TOKENS, EngineConfig
 from ember_cupy.engine.block_manager import BlockManager
 from ember_cupy.engine.model_runner import ModelRunner
 from ember_cupy.engine.outputs import OutputKind, RequestOutput
 from ember_cupy.engine.pooling import PREFILL_ONLY, EmbeddingRequest, PoolingParams
 from ember_cupy.engine.request import Request
-from ember_cupy.engine.sampler import Sampler, TokenLogprobs, log_softmax, top_logprobs
+from ember_cupy.engine.prompt_logprobs import prompt_logprob_entries
+from ember_cupy.engine.sampler import Sampler
 from ember_cupy.engine.scheduler import ScheduledBatch, Scheduler
 from ember_cupy.engine.sequence import Sequence, SequenceStats
 from ember_cupy.model.checkpoint import Checkpoint
@@ -30,15 +32,23 @@ logger = logging.getLogger("ember_cupy.engine")
 MIN_KV_CONTEXT = 256
 
 
+def resolve_prefill_budget(config: EngineConfig, xp) -> EngineConfig:
+    """max_num_prefill_tokens=None: a short step on the CPU; on a GPU a step of
+    max_num_batched_tokens is fast, and small ones would waste it."""
+    if config.max_num_prefill_tokens is not None or xp is not np:
+        return config
+    return dataclasses.replace(config, max_num_prefill_tokens=CPU_MAX_NUM_PREFILL_TOKENS)
+
+
 class LLMEngine:
     def __init__(self, model: str | Checkpoint | None = None, config: EngineConfig | None = None,
                  progress=None):
         """model: a .gguf path, an HF directory, an already loaded Checkpoint, or None (default)."""
-        self.config = config or EngineConfig()
+        xp = get_xp()
+        self.config = resolve_prefill_budget(config or EngineConfig(), xp)
         self.checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model, progress)
         self.model_config = self.checkpoint.config
         self.tokenizer = self.checkpoint.tokenizer
-        xp = get_xp()
         # a checkpoint loaded here is consumed by the model, so the weights are held once
         self.runner = ModelRunner(self.checkpoint, self.config, xp=xp,
                                   consume_checkpoint=not isinstance(model, Checkpoint))
@@ -227,12 +237,10 @@ class LLMEngine:
         request = self.requests[seq.request_id]
         if request.prompt_logprobs is None:
             request.prompt_logprobs = [None] * seq.num_prompt_tokens
-        logprobs = log_softmax(to_numpy(logits).astype(np.float32))
-        k = request.params.prompt_logprobs
-        for offset, row in enumerate(logprobs):
-            target = first_position + offset + 1
-            token = seq.prompt_token_ids[target]
-            request.prompt_logprobs[target] = TokenLogprobs(token, float(row[token]), top_logprobs(row, k))
+        first = first_position + 1
+        targets = seq.prompt_token_ids[first:first + logits.shape[0]]
+        entries = prompt_logprob_entries(to_numpy(logits), targets, request.params.prompt_logprobs)
+        request.prompt_logprobs[first:first + len(entries)] = entries
 
     def _detokenize(self, request: Request, seq: Sequence, token_id: int, logprobs) -> None:
         """The text side of a token the scheduler appended: a stop string ends the sequence

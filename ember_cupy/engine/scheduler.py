@@ -1,14 +1,21 @@
 """Which tokens of which sequences run in the next step. Pure Python, no array code.
 
-Each step has a budget of max_num_seqs sequences and max_num_batched_tokens tokens:
+Each step has a budget of max_num_seqs sequences and max_num_batched_tokens tokens, of which
+at most max_num_prefill_tokens are prompt tokens (steps 2 to 4):
   1. running decodes (1 token each), preempting the least important running sequence by
      recompute when the KV pool cannot grow;
   2. waiting sequences whose whole prompt fits in a reserved share of the step's tokens
-     (1/SHORT_PROMPT_SHARE), in policy order: a short request starts at the next step instead
-     of queueing behind the chunks of long prompts (64 embedding inputs of 1,000 tokens each
-     would otherwise hold every step for minutes); long prompts lose at most that share;
+     (1/SHORT_PROMPT_SHARE, and no more than the prompt-token budget), in policy order: a short
+     request starts at the next step instead of queueing behind the chunks of long prompts (64
+     embedding inputs of 1,000 tokens each would otherwise hold every step for minutes); long
+     prompts lose at most that share;
   3. running sequences whose prompt is partly computed (chunked prefill) get what is left;
   4. waiting sequences, in policy order, fill the rest, chunked if they do not fit.
+
+The prompt-token budget bounds how long a step takes whatever the prompts: a request that
+arrives while a step runs waits for that step, and on two CPU cores a step of 1,024 prompt
+tokens takes seconds. max_num_prefill_tokens=None leaves only max_num_batched_tokens (the
+engine resolves None per backend: EngineConfig.max_num_prefill_tokens).
 
 After the forward pass, update() does the step's bookkeeping (vLLM's update_from_output,
 nano-vllm's postprocess): computed tokens advance, full blocks enter the prefix cache, sampled
@@ -130,9 +137,10 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         self.running.sort(key=self._running_key)
         budget = self._schedule_decodes(batch, budget)
-        budget = self._admit_short_prompts(batch, budget)
-        budget = self._schedule_partial_prefills(batch, budget)
-        self._admit_waiting(batch, budget)
+        prefill_budget = min(budget, self.config.max_num_prefill_tokens or budget)
+        prefill_budget = self._admit_short_prompts(batch, prefill_budget)
+        prefill_budget = self._schedule_partial_prefills(batch, prefill_budget)
+        self._admit_waiting(batch, prefill_budget)
         self.running += batch.forked   # after the decodes: never a victim of their preemptions
         return batch
 

@@ -6,11 +6,13 @@ against --max-waiting, on threads of its own for small texts, and bounded in tim
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from server_helpers import MODEL, http, parallel
+from server_helpers import MODEL, http, metric, parallel
 
 from ember_cupy.engine.llm_engine import LLMEngine
 from ember_cupy.server import logprob_limits
@@ -168,7 +170,7 @@ def test_a_stream_leaves_no_logprobs_behind_in_the_engine(start_server):
 # --- a small request beside a huge one --------------------------------------------------------
 @pytest.mark.parametrize("inputs,tokens", [(12, 500), (60, 100)], ids=["long-inputs", "many-short-inputs"])
 def test_a_small_chat_is_not_queued_behind_a_huge_embedding_request(base_url, inputs, tokens):
-    """12 embedding inputs of 500 tokens, or 60 of 100, are 6 steps of 1,024 tokens; a 2-token chat
+    """12 embedding inputs of 500 tokens, or 60 of 100, are 6,000 prompt tokens; a 2-token chat
     sent while they run starts at the next step, not in the last input's step: long
     prompts leave a share of each step to short ones, and a request's later inputs wait behind
     other requests' first ones."""
@@ -189,6 +191,64 @@ def test_a_small_chat_is_not_queued_behind_a_huge_embedding_request(base_url, in
 
     assert parallel(embed, small_chat) == [200, 200]
     assert finished["chat"] < finished["embeddings"], finished
+
+
+def test_a_huge_request_runs_in_short_steps_on_the_cpu(base_url):
+    """A step computes at most 32 prompt tokens on the CPU (--max-num-prefill-tokens): a request
+    that arrives while a huge one runs waits for the step in progress, and a step of 1,024 prompt
+    tokens takes seconds on two cores. 4 embedding inputs of 100 tokens: 13 steps or more, each of
+    at most 32 tokens (the server of this session serves nothing else meanwhile)."""
+    def steps() -> tuple[float, float]:
+        name = "vllm:iteration_tokens_total_bucket"
+        return metric(base_url, name, le="32.0"), metric(base_url, name, le="+Inf")
+
+    short_before, all_before = steps()
+    inputs = [ids(100, 20_000 + 997 * i) for i in range(4)]
+    assert http(base_url, "POST", "/v1/embeddings", {"model": MODEL, "input": inputs}, timeout=300)[0] == 200
+    short_after, all_after = steps()
+    assert all_after - all_before >= 400 / 32
+    assert short_after - short_before == all_after - all_before
+
+
+class GatedTokenizer:
+    """The real tokenizer whose token_bytes_text (what the logprob formatter calls for every
+    entry) waits at `gate` once `building` is set: a response that builds as long as the test wants."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self.building, self.gate = threading.Event(), threading.Event()
+
+    def token_bytes_text(self, token_id: int) -> str:
+        self.building.set()
+        self.gate.wait(60)
+        return self._tokenizer.token_bytes_text(token_id)
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
+def test_the_server_answers_while_a_logprob_response_is_built(start_server):
+    """A response of many logprob entries (up to 131,072) took ~0.5 s of Python on the event loop,
+    which every other request waited for (issue 24): it is built on a thread."""
+    engines = []
+
+    def gated_engine(checkpoint, config):
+        engines.append(LLMEngine(checkpoint, config))
+        engines[-1].tokenizer = GatedTokenizer(engines[-1].tokenizer)
+        return engines[-1]
+
+    url = start_server(engine_factory=gated_engine).url
+    tokenizer = engines[0].tokenizer
+    body = {"model": MODEL, "prompt": ids(8), "max_tokens": 1, "prompt_logprobs": 2}
+    with ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(http, url, "POST", "/v1/completions", body, timeout=120)
+        try:
+            assert tokenizer.building.wait(60)
+            assert http(url, "GET", "/health", timeout=10)[0] == 200   # the event loop is free
+            assert not reply.done()
+        finally:
+            tokenizer.gate.set()
+        assert reply.result()[0] == 200
 
 
 # --- the work before admission ----------------------------------------------------------------
