@@ -75,11 +75,12 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
 
-# max_num_prefill_tokens on the CPU when not given. A request arriving during a long prefill
-# waits for the step in progress, then shares the next one: with steps of 32 prompt tokens (about
-# twice a short chat's own step; 1,024 take ~30x as long) its latency stays within ~3x of its
-# latency alone (tools/attack_http.py, issue 24). The price: a long prefill costs ~25-30% more
-# CPU time than in 1,024-token steps (64-token steps: ~5%, but 4-5x the latency).
+# max_num_prefill_tokens on the CPU when not given; it holds while more than one sequence runs or
+# waits (a lone prompt prefills in whole steps). A request arriving during a long prefill waits
+# for the step in progress, then shares the next one. Measured with tools/attack_http.py (issue
+# 24; SmolLM2, 2 cores of a quiet AMD EPYC, small-request p99 / idle p99, the bulk request's time):
+# 32 tokens: embeddings 64 x 100 tokens 1.4-1.7x, 13.2-13.9 s; prompt logprobs 2.3-3.4x;
+# 64: 3.4x, 12.0 s; 4.1x; 128: 4.1x, 9.8 s; 7.9x. Shared steps of 32 cost the bulk ~35% here.
 CPU_MAX_NUM_PREFILL_TOKENS = 32
 
 

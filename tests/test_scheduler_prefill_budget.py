@@ -53,3 +53,17 @@ def test_a_short_prompt_arriving_during_the_bulk_starts_whole_at_the_next_step(p
     assert tokens_of(batch, "late") == {"late": prompt_len}
     assert prompt_len + sum(tokens_of(batch, "bulk").values()) <= PREFILL_BUDGET
     assert run.timelines["late"].finished_step == run.scheduler.step_count
+
+
+def test_a_lone_prompt_takes_whole_steps_until_another_request_arrives():
+    """The budget holds while the step is shared: a 3,000-token prompt alone runs in steps of
+    max_num_batched_tokens (it keeps no one waiting); once a chat arrives, the steps are short."""
+    config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, block_size=4,
+                          max_num_prefill_tokens=PREFILL_BUDGET)
+    run = TraceReplay(config, 2000)
+    run.add(TraceRequest("lone", 0, 3000, 1))
+    assert tokens_of(run.step(), "lone") == {"lone": 1024}
+    run.add(TraceRequest("chat", run.scheduler.step_count, 20, 5))
+    batch = run.step()
+    assert tokens_of(batch, "chat") == {"chat": 20}
+    assert tokens_of(batch, "lone") == {"lone": PREFILL_BUDGET - 20}
