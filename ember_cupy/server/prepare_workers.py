@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from collections.abc import Callable
 
@@ -11,6 +12,21 @@ PREPARE_THREADS = 2   # per kind of work: small texts, large texts, grammar comp
 # Seconds the work before admission (tokenizing, a chat template, a grammar compile) may take,
 # its wait for a worker thread included: then the request is refused (408), not left hanging.
 DEFAULT_PREPARE_TIMEOUT = 30.0
+# What the slow kinds' threads add to their nice value (and of the threads they start: a grammar build's):
+# on a machine of few cores their work (megabytes tokenized, grammars compiled) took the CPU from
+# the engine's step at the same priority, so every running request slowed with it. At 10 the step
+# gets ~90% of a contended core, and slow work still runs whenever the engine leaves a core idle.
+SLOW_WORK_NICE = 10
+
+
+def _lower_priority() -> None:
+    """Raise this thread's nice value by SLOW_WORK_NICE (at most 19; Linux: a thread has its own);
+    elsewhere nothing."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + SLOW_WORK_NICE))
+    except (AttributeError, OSError):
+        pass
 
 
 class PrepareTimeoutError(TimeoutError):
@@ -31,7 +47,8 @@ class PrepareWorkers:
     def __init__(self, name: str, slow: bool, threads: int = PREPARE_THREADS):
         self.slow = slow
         self.threads = threads
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=name)
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=name,
+                                                           initializer=_lower_priority if slow else None)
         self._lock = threading.Lock()
         self._held = 0
         self._abandon_flags: dict[concurrent.futures.Future, threading.Event] = {}
