@@ -138,3 +138,14 @@ def test_engine_config_validation_names_the_field():
 def test_default_model_loads_with_no_arguments():
     llm = LLM()
     assert llm.engine.model_config.num_layers == 30
+
+
+def test_the_offline_llm_takes_whole_steps_unless_told(checkpoint):
+    """Every request of a generate() call is there from the start: the LLM class's steps take the
+    whole budget (the server's short CPU steps cost a batch of prompts ~35%), unless asked."""
+    from ember_cupy import LLM
+    whole = LLM(checkpoint, max_num_batched_tokens=512)
+    assert whole.engine.config.max_num_prefill_tokens == 512
+    outputs = whole.generate([[1000 * k + i for i in range(300)] for k in (1, 2, 3)], SamplingParams(max_tokens=1))
+    assert whole.engine.last_step_num_tokens == 3 * 300 - 512 and len(outputs) == 3
+    assert LLM(checkpoint, max_num_prefill_tokens=32).engine.config.max_num_prefill_tokens == 32
