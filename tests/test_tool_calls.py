@@ -20,8 +20,10 @@ TIME = {"type": "function", "function": {
                    "required": ["zone"], "additionalProperties": False}}}
 TOOLS = [WEATHER, TIME]
 PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-SAMPLINGS = [SamplingParams(temperature=0.0, max_tokens=64)] + [
-    SamplingParams(temperature=1.0, seed=s, max_tokens=64) for s in (1, 2, 3)]
+# 128 tokens: sampled at temperature 1, parallel calls run long (seed 3 on "Hello there!": three
+# calls, 76 tokens; any change of the logits' last bits picks another such path)
+SAMPLINGS = [SamplingParams(temperature=0.0, max_tokens=128)] + [
+    SamplingParams(temperature=1.0, seed=s, max_tokens=128) for s in (1, 2, 3)]
 
 
 @pytest.fixture(scope="module")

@@ -196,8 +196,9 @@ def test_a_small_chat_is_not_queued_behind_a_huge_embedding_request(base_url, in
 def test_a_huge_request_runs_in_short_steps_on_the_cpu(base_url):
     """A step computes at most 32 prompt tokens on the CPU (--max-num-prefill-tokens): a request
     that arrives while a huge one runs waits for the step in progress, and a step of 1,024 prompt
-    tokens takes seconds on two cores. 4 embedding inputs of 100 tokens: 13 steps or more, each of
-    at most 32 tokens (the server of this session serves nothing else meanwhile)."""
+    tokens takes seconds on two cores. 4 embedding inputs of 100 tokens: while more than one is
+    left, steps of at most 32 tokens; the last one alone keeps no one waiting and may finish in one
+    step (the server of this session serves nothing else meanwhile)."""
     def steps() -> tuple[float, float]:
         name = "vllm:iteration_tokens_total_bucket"
         return metric(base_url, name, le="32.0"), metric(base_url, name, le="+Inf")
@@ -206,8 +207,8 @@ def test_a_huge_request_runs_in_short_steps_on_the_cpu(base_url):
     inputs = [ids(100, 20_000 + 997 * i) for i in range(4)]
     assert http(base_url, "POST", "/v1/embeddings", {"model": MODEL, "input": inputs}, timeout=300)[0] == 200
     short_after, all_after = steps()
-    assert all_after - all_before >= 400 / 32
-    assert short_after - short_before == all_after - all_before
+    assert all_after - all_before >= 300 / 32
+    assert (all_after - all_before) - (short_after - short_before) <= 1
 
 
 class GatedTokenizer:
