@@ -25,13 +25,14 @@ def host_kernel_info() -> dict:
 
 
 INVARIANT_ACROSS = ["batch", "prefix_cache", "chunked_prefill", "preemption", "thread_count"]
-_FLOAT_GEMMS = "float matrices: their GEMMs (OpenBLAS, cuBLAS) round by batch shape"
+_FLOAT_GEMMS = "float matrices: cuBLAS's GEMMs round by batch shape"
 
 
 def determinism_info(engine=None) -> dict:
-    """What a request's bits do not depend on here (README, Determinism): on the host kernels with
-    every matrix quantized, each reduction runs in an order fixed per token; on CUDA the same with
-    --deterministic; float GEMMs (NumPy's, cuBLAS's) round by batch shape."""
+    """What a request's bits do not depend on here (README, Determinism): on the host kernels each
+    reduction runs in an order fixed per token (float matrices too: OpenBLAS rounds a GEMM's row
+    alike for every M >= 2, and a lone row is computed as two); on CUDA the same with
+    --deterministic and quantized matrices (cuBLAS rounds by shape)."""
     from ember_cupy.backend import get_backend_name
     from ember_cupy.ops import _host
     model = None if engine is None else engine.runner.model
@@ -43,9 +44,7 @@ def determinism_info(engine=None) -> dict:
             return {"bit_identical_across": [], "why_not": _FLOAT_GEMMS}
         return {"bit_identical_across": INVARIANT_ACROSS[:-1]}
     if _host.active() is None:
-        return {"bit_identical_across": [], "why_not": "no host kernels: NumPy's GEMMs round by batch shape"}
-    if model is not None and not model.every_matmul_quantized():
-        return {"bit_identical_across": [], "why_not": _FLOAT_GEMMS}
+        return {"bit_identical_across": [], "why_not": "no host kernels: the NumPy attention rounds by chunk"}
     return {"bit_identical_across": INVARIANT_ACROSS}
 
 

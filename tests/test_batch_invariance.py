@@ -94,3 +94,20 @@ def test_prompt_chunks_of_any_size_give_the_same_logprobs_tokens_and_embeddings(
     (chunked, chunked_embeddings), (whole, whole_embeddings) = outputs[7], outputs[1024]
     assert chunked == whole
     assert all(np.array_equal(a, b) for a, b in zip(chunked_embeddings, whole_embeddings))
+
+
+@pytest.mark.skipif(_host.active() is None, reason="host kernels unavailable (no C compiler)")
+def test_float_matrices_give_the_same_bits_alone_in_a_batch_after_a_hit_and_in_chunks(make_llm):
+    """quantization="none" (float32 matrices through NumPy's OpenBLAS, whose GEMV sums a lone row
+    otherwise than its GEMM): decodes alone and in a batch, a prefix-cache hit and chunks of 7 give
+    the same token ids and logprobs as the cold whole prompt."""
+    prompt = " ".join(f"word{i} apple banana cherry" for i in range(30))
+    sampling = SamplingParams(temperature=1.0, seed=5, max_tokens=6, logprobs=3, ignore_eos=True)
+    llm = make_llm(quantization="none", max_num_prefill_tokens=1024)
+    cold = _tokens_and_logprobs(llm.generate([prompt], sampling)[0])
+    assert _tokens_and_logprobs(llm.generate([prompt], sampling)[0]) == cold, "prefix-cache hit"
+    others = [SamplingParams(temperature=0.8, seed=i, max_tokens=8) for i in range(3)]
+    batch = llm.generate(FILLER[:3] + [prompt], others + [sampling])
+    assert _tokens_and_logprobs(batch[3]) == cold, "in a batch"
+    chunked = make_llm(quantization="none", enable_prefix_caching=False, max_num_prefill_tokens=7)
+    assert _tokens_and_logprobs(chunked.generate([prompt], sampling)[0]) == cold, "chunks of 7"

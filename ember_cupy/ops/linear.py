@@ -54,7 +54,16 @@ def linear(x, weight, activations: ActivationQuantization = ONE_PASS, determinis
     `deterministic`: a device-quantized weight's rows computed alike whatever T (matmul_q_cuda)."""
     if isinstance(weight, (PackedWeight, StackedWeight, DequantizedWeight, DeviceQuantizedWeight)):
         return matmul_q(x, weight, activations=activations, deterministic=deterministic)
-    return x @ weight
+    return float_matmul(x, weight)
+
+
+def float_matmul(x, w):
+    """x @ w, each row's bits independent of the other rows' on NumPy: OpenBLAS computes a row of
+    a GEMM alike for every M >= 2 (checked on the models' shapes, tests/test_batch_invariance.py),
+    but a lone row goes through its GEMV, which sums in another order; so it is computed as two."""
+    if isinstance(x, np.ndarray) and x.ndim == 2 and x.shape[0] == 1:
+        return (np.concatenate([x, x]) @ w)[:1]
+    return x @ w
 
 
 def embedding(table, ids, dtype=np.float32):
@@ -105,7 +114,7 @@ def matmul_q_numpy(x: np.ndarray, weight: PackedWeight | StackedWeight | Dequant
     """The NumPy twin of the host kernel: the int8 activation blocks, and W as its blocks say."""
     _check(x, weight)
     x = fake_quantize_activations(np.asarray(x, dtype=np.float32), activations)
-    return (x @ weight.dequantize().T).astype(np.float32)
+    return float_matmul(x, weight.dequantize().T).astype(np.float32)
 
 
 # --- weight-only CUDA path: cuda/matmul_q.cu and its NumPy twins ----------------------------

@@ -21,11 +21,12 @@ def test_version_reports_the_host_kernels_and_the_served_format(base_url):
                                                             "preemption", "thread_count"]}
 
 
-def test_float_matrices_are_reported_as_not_bit_identical(make_llm):
-    from ember_cupy.info import runtime_info
-    info = runtime_info(make_llm(quantization="none").engine)
-    assert info["determinism"]["bit_identical_across"] == []
-    assert "float matrices" in info["determinism"]["why_not"]
+def test_float_matrices_on_the_host_kernels_are_reported_bit_identical_too(make_llm, monkeypatch):
+    from ember_cupy.info import INVARIANT_ACROSS, runtime_info
+    from ember_cupy.ops import _host
+    assert runtime_info(make_llm(quantization="none").engine)["determinism"]["bit_identical_across"] == INVARIANT_ACROSS
+    monkeypatch.setattr(_host, "active", lambda: None)
+    assert "no host kernels" in runtime_info()["determinism"]["why_not"]
 
 
 def test_info_command_prints_the_path_it_would_use():
