@@ -15,8 +15,8 @@ at most max_num_prefill_tokens are prompt tokens (steps 2 to 4):
 The prompt-token budget bounds how long a step takes whatever the prompts: a request that
 arrives while a step runs waits for that step, and on two CPU cores a step of 1,024 prompt
 tokens takes seconds. It holds while more than one sequence runs or waits: a lone prompt (a
-single user's) prefills in whole steps, at full speed. max_num_prefill_tokens=None leaves only max_num_batched_tokens (the
-engine resolves None per backend: EngineConfig.max_num_prefill_tokens).
+single user's) prefills in whole steps, at full speed. max_num_prefill_tokens=None leaves only
+max_num_batched_tokens (the engine resolves None per backend: EngineConfig.max_num_prefill_tokens).
 
 After the forward pass, update() does the step's bookkeeping (vLLM's update_from_output,
 nano-vllm's postprocess): computed tokens advance, full blocks enter the prefix cache, sampled
@@ -138,21 +138,22 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         self.running.sort(key=self._running_key)
         budget = self._schedule_decodes(batch, budget)
-        prefill_budget = min(budget, self._prefill_cap(budget))
+        prefill_budget = self._prefill_budget(budget)
         prefill_budget = self._admit_short_prompts(batch, prefill_budget)
         prefill_budget = self._schedule_partial_prefills(batch, prefill_budget)
         self._admit_waiting(batch, prefill_budget)
         self.running += batch.forked   # after the decodes: never a victim of their preemptions
         return batch
 
-    def _prefill_cap(self, budget: int) -> int:
-        """max_num_prefill_tokens while the steps are shared: a sequence alone in the engine keeps
-        no one waiting, so its prompt takes the whole budget (a lone prompt prefills at full speed;
-        one that arrives meanwhile waits for that one step, then the steps are short)."""
+    def _prefill_budget(self, budget: int) -> int:
+        """The step's prompt tokens: at most max_num_prefill_tokens while the steps are shared; a
+        sequence alone in the engine keeps no one waiting, so its prompt takes what is left (a
+        lone prompt prefills at full speed; one that arrives meanwhile waits for that one step,
+        then the steps are short)."""
         cap = self.config.max_num_prefill_tokens
         if cap is None or len(self.running) + len(self.waiting) <= 1:
             return budget
-        return cap
+        return min(budget, cap)
 
     def num_slots_used(self, batch: ScheduledBatch | None = None) -> int:
         """Sequences running, forked by `batch` while it is being scheduled, or still to be
