@@ -29,10 +29,10 @@ _FLOAT_GEMMS = "float matrices: cuBLAS's GEMMs round by batch shape"
 
 
 def determinism_info(engine=None) -> dict:
-    """What a request's bits do not depend on here (README, Determinism): on the host kernels each
-    reduction runs in an order fixed per token (float matrices too: OpenBLAS rounds a GEMM's row
-    alike for every M >= 2, and a lone row is computed as two); on CUDA the same with
-    --deterministic and quantized matrices (cuBLAS rounds by shape)."""
+    """What a request's bits do not depend on here (README, Determinism): on the host kernels and
+    on the NumPy twins each reduction runs in an order fixed per token (float matrices too:
+    ops/linear.py float_matmul); on CUDA the same with --deterministic and quantized matrices
+    (cuBLAS rounds by shape)."""
     from ember_cupy.backend import get_backend_name
     from ember_cupy.ops import _host
     model = None if engine is None else engine.runner.model
@@ -43,8 +43,8 @@ def determinism_info(engine=None) -> dict:
         if not model.every_matmul_quantized():
             return {"bit_identical_across": [], "why_not": _FLOAT_GEMMS}
         return {"bit_identical_across": INVARIANT_ACROSS[:-1]}
-    if _host.active() is None:
-        return {"bit_identical_across": [], "why_not": "no host kernels: the NumPy attention rounds by chunk"}
+    if _host.active() is None:   # the NumPy twins: OpenBLAS's thread count is not checked
+        return {"bit_identical_across": INVARIANT_ACROSS[:-1], "on": "NumPy's OpenBLAS"}
     return {"bit_identical_across": INVARIANT_ACROSS}
 
 

@@ -283,7 +283,9 @@ class DequantizedWeight:
             check_packable(part)
         values = [dequantize_values(part.qtype, *_gguf_values(part)) for part in parts]
         matrix = values[0] if len(values) == 1 else np.concatenate(values)
-        return cls(matrix, sum(packed_nbytes(part) for part in parts))
+        # column-major: matrix.T, what a matmul multiplies by, is a C-contiguous [in, out]
+        # (ops/linear.py float_matmul: its rows' bits hold in that layout)
+        return cls(np.asfortranarray(matrix), sum(packed_nbytes(part) for part in parts))
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -59,3 +59,47 @@ def test_bad_window_is_a_value_error(window):
     with pytest.raises(ValueError, match="window"):
         paged_attention(q, cache, cache, np.zeros((1, 1), np.int32), np.array([1], np.int32),
                         np.array([0, 1], np.int32), 1.0, window)
+
+
+# ---- the NumPy twin's own determinism (a machine without host kernels runs it) -----------------
+def _twin_one_sequence(q, k_cache, v_cache, table, scale, context, queries, window, others=()):
+    """The `queries` last queries of a sequence with `context` keys, in one twin call, after the
+    sequences `others` ((q rows, table, context) each)."""
+    from ember_cupy.ops.attention import paged_attention_numpy
+    rows = [o[0] for o in others] + [q[context - queries:context]]
+    lens = [o[2] for o in others] + [context]
+    starts = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int32)
+    tables = np.stack([o[1] for o in others] + [table])
+    out = paged_attention_numpy(np.concatenate(rows), k_cache, v_cache, tables, np.array(lens, np.int32),
+                                starts, scale, window)
+    return out[starts[-2]:]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("window", [0, 100, 333])
+@pytest.mark.parametrize("group", [1, 3])
+def test_the_twin_gives_a_query_the_same_bits_in_any_chunk_and_batch(dtype, window, group):
+    """The NumPy twin (no host kernels) is deterministic too: a query's result does not depend on
+    how many queries of its sequence run with it (whole prompt, chunk, decode: a prefix-cache hit
+    or a chunked-prefill split) nor on the other sequences of the batch (decodes of other
+    lengths, chunks): each query reduces its keys over its own span of KEY_SPAN multiples."""
+    from tests.test_host_attention import make_batch
+    rng = np.random.default_rng(group * 10 + window)
+    context = 700
+    others_lens = [(5, 1), (130, 1), (700, 1), (40, 40), (300, 17)]
+    args, clean = make_batch(rng, [(context, context)] + others_lens, group=group, dtype=dtype)
+    q, k_cache, v_cache, _, lens, starts, scale = args
+    table = clean[0]
+    others = [(q[starts[i]:starts[i + 1]], clean[i], int(lens[i])) for i in range(1, len(lens))]
+    whole = _twin_one_sequence(q, k_cache, v_cache, table, scale, context, context, window)
+    for position in (0, 15, 127, 128, 129, 300, 511, 699):
+        for queries in (1, 2, 7, 40, 129):
+            end = min(context, position + queries - queries // 2)
+            queries = min(queries, end)
+            if not end - queries <= position < end:
+                continue
+            for batch in ((), others[:2], others):
+                chunk = _twin_one_sequence(q, k_cache, v_cache, table, scale, end, queries, window, batch)
+                np.testing.assert_array_equal(
+                    chunk[position - (end - queries)], whole[position],
+                    err_msg=f"query {position} in a chunk of {queries} ending at {end}, {len(batch)} others")

@@ -4,12 +4,14 @@ at temperature 0.9 changed text among 16 concurrent ones when GEMM reduction ord
 batch size); and the same bits after a prefix-cache hit or with any chunked-prefill split (the
 attention reduces keys in a fixed tiling from position 0; before, a query among at most 16 of its
 sequence's took a split-and-merge order, so a cache hit moved the first token's logprobs by up to
-0.08 nats). On the NumPy path (quantization="none", OpenBLAS) this is not guaranteed."""
+0.08 nats). Float matrices (quantization="none") and the NumPy path without host kernels hold it
+too, on NumPy's OpenBLAS (ops/linear.py float_matmul, ops/attention.py's twin)."""
 import numpy as np
 import pytest
 
 from ember_cupy import SamplingParams
 from ember_cupy.ops import _host
+from tests.test_host_no_compiler import without_compiler  # noqa: F401 (a fixture)
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a robot",
            "List three colours:", "In 1969, the first", "The best way to learn"]
@@ -111,3 +113,27 @@ def test_float_matrices_give_the_same_bits_alone_in_a_batch_after_a_hit_and_in_c
     assert _tokens_and_logprobs(batch[3]) == cold, "in a batch"
     chunked = make_llm(quantization="none", enable_prefix_caching=False, max_num_prefill_tokens=7)
     assert _tokens_and_logprobs(chunked.generate([prompt], sampling)[0]) == cold, "chunks of 7"
+
+
+def test_without_host_kernels_the_numpy_path_gives_the_same_bits_too(without_compiler, make_llm):
+    """No C compiler (the NumPy twins, matrices dequantized at load), a second turn: its prompt is
+    the first turn's prompt and output, so a prefix-cache hit brings K/V that were computed as
+    decodes. Its token ids and logprobs equal those of the same prompt computed cold in one step,
+    in chunks of 50, and in a batch of other requests, bit for bit (before, the twin's decode and
+    prefill attention summed in different orders)."""
+    without_compiler()
+    llm = make_llm(max_num_prefill_tokens=1024)
+    assert _host.active() is None
+    first = llm.tokenizer.encode(" ".join(f"word{i} apple banana" for i in range(20)))
+    turn = llm.generate([first], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0]
+    second = first + list(turn.outputs[0].token_ids) + first[:9]
+    sampling = SamplingParams(temperature=1.0, seed=11, max_tokens=6, logprobs=3, ignore_eos=True)
+    warm = llm.generate([second], sampling)[0]
+    assert warm.num_cached_tokens >= len(first) + 16
+    expected = _tokens_and_logprobs(warm)
+    for chunk in (1024, 50):
+        cold = make_llm(enable_prefix_caching=False, max_num_prefill_tokens=chunk).generate([second], sampling)[0]
+        assert _tokens_and_logprobs(cold) == expected, f"cold, chunks of {chunk}"
+    others = [SamplingParams(temperature=0.8, seed=i, max_tokens=8) for i in range(3)]
+    batch = llm.generate(FILLER[:3] + [second], others + [sampling])
+    assert _tokens_and_logprobs(batch[3]) == expected, "in a batch"

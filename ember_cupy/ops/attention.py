@@ -34,9 +34,6 @@ from ember_cupy.ops._kernel import (
 
 # Upper bound on score-matrix elements per tile, so a long prefill never allocates GBs.
 _MAX_SCORE_ELEMENTS = 1 << 24
-# Queries per prefill tile: each tile scores only the keys up to its last query, so tiling
-# skips most of the causal mask's upper triangle.
-PREFILL_TILE = 64
 
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
@@ -128,50 +125,98 @@ def paged_attention_host(q, k_cache, v_cache, block_tables, context_lens, query_
 
 
 # ---- NumPy twin --------------------------------------------------------------------------------
+# A query at position p is reduced over the keys [lo, hi): from its first visible key rounded down
+# to p + 1 rounded up, at multiples of KEY_SPAN from position 0. The keys in there it does not see
+# (future, out of its window, zeros past the context) weigh exactly 0. So every array a query's
+# bits pass through has the same length whatever runs with it, and its result does not depend on
+# the batch, the chunk or a prefix-cache hit: OpenBLAS computes a GEMM's row alike for any M >= 2
+# while its inner dimension stays within one of its blocks (a lone row would take its GEMV, so it
+# is computed as two; _attend sums probs @ V a span at a time), and the softmax's sum is NumPy's
+# pairwise sum over the row. (A V row a query does not see is still multiplied by 0: a non-finite
+# value there makes it NaN, as in a dense masked softmax.)
+KEY_SPAN = 128
+
+
 def paged_attention_numpy(q, k_cache, v_cache, block_tables, context_lens, query_start_loc,
                           scale, window: int = 0) -> np.ndarray:
-    """The reference: K/V pages gathered (cast to float32), dense softmax per decode group /
-    prefill tile."""
+    """The reference: K/V pages gathered (cast to float32), a dense softmax per query over its
+    key span (above): bit-identical per query whatever else is in the batch."""
     _check_window(window)
     out = np.empty_like(q)
-    query_lens = np.diff(query_start_loc)
-    decodes = np.flatnonzero(query_lens == 1)
-    for group in _similar_length_groups(decodes, context_lens):
-        rows = query_start_loc[group]
-        out[rows] = _decode_attention(q[rows], k_cache, v_cache, block_tables[group],
-                                      context_lens[group], scale, window)
-    for s in np.flatnonzero(query_lens > 1):
-        start, end = int(query_start_loc[s]), int(query_start_loc[s + 1])
-        out[start:end] = _prefill_attention(q[start:end], k_cache, v_cache, block_tables[s],
-                                            int(context_lens[s]), scale, window)
+    context_lens, query_start_loc = np.asarray(context_lens), np.asarray(query_start_loc)
+    queries = q * np.float32(scale)
+    lone, runs = _query_runs(context_lens, query_start_loc, window)
+    for (lo, hi), seqs in lone.items():
+        for part in _batches(seqs, _MAX_SCORE_ELEMENTS // (k_cache.shape[2] * k_cache.shape[3] * (hi - lo))):
+            out[query_start_loc[part]] = _lone_queries(queries, k_cache, v_cache, block_tables,
+                                                       context_lens, query_start_loc, part, lo, hi, window)
+    for seq, start, stop, lo, hi in runs:
+        first_position = int(context_lens[seq]) - int(query_start_loc[seq + 1]) + start
+        out[start:stop] = _query_run(queries[start:stop], k_cache, v_cache, block_tables[seq],
+                                     int(context_lens[seq]), first_position, lo, hi, window)
     return out
 
 
-def _similar_length_groups(seqs: np.ndarray, context_lens: np.ndarray, ratio: float = 2.0,
-                           max_size: int = 4):
-    """Split decode sequences into groups whose contexts differ by at most `ratio`, so that
-    padding every group to its longest context wastes little (one group per call), and of at
-    most `max_size` sequences, so that a group's gathered K/V stays in cache (2x at 32 x 600)."""
-    if not seqs.size:
-        return []
-    ordered = seqs[np.argsort(context_lens[seqs], kind="stable")]
-    lengths = context_lens[ordered]
-    groups, start = [], 0
-    for i in range(1, len(ordered) + 1):
-        if i == len(ordered) or lengths[i] > ratio * lengths[start] or i - start == max_size:
-            groups.append(ordered[start:i])
-            start = i
-    return groups
+def _key_span(positions, window: int):
+    """[lo, hi) of each query position (arrays): the keys it sees, rounded out to KEY_SPAN."""
+    return (_first_visible(positions, window) // KEY_SPAN * KEY_SPAN,
+            (positions // KEY_SPAN + 1) * KEY_SPAN)
 
 
-def _gather_pages(cache: np.ndarray, block_ids: np.ndarray, length: int | None = None) -> np.ndarray:
-    """[..., blocks] ids -> [..., length, Hk, D] rows of the sequence(s); all the blocks' rows
-    (a contiguous array) when length is None."""
-    pages = cache[block_ids]                      # [..., nb, bs, Hk, D]
-    if pages.dtype != np.float32:                 # 16-bit caches: compute in float32
-        pages = pages.astype(np.float32)
-    flat = pages.reshape(*pages.shape[:-4], -1, *pages.shape[-2:])
-    return flat if length is None else flat[..., :length, :, :]
+def _query_runs(context_lens, query_start_loc, window: int):
+    """({(lo, hi): sequences with one query, of that key span}, [(seq, start, stop, lo, hi)]:
+    the consecutive queries of a longer chunk that share a key span)."""
+    lone, runs = {}, []
+    for seq, ctx in enumerate(context_lens):
+        start, stop = int(query_start_loc[seq]), int(query_start_loc[seq + 1])
+        lo, hi = _key_span(int(ctx) - (stop - start) + np.arange(stop - start), window)
+        if stop - start == 1:
+            lone.setdefault((int(lo[0]), int(hi[0])), []).append(seq)
+            continue
+        cuts = [0, *(np.flatnonzero((np.diff(lo) != 0) | (np.diff(hi) != 0)) + 1), stop - start]
+        runs += [(seq, start + a, start + b, int(lo[a]), int(hi[a])) for a, b in zip(cuts, cuts[1:])]
+    return lone, runs
+
+
+def _batches(items, size: int):
+    size = max(1, size)
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _gather_span(cache: np.ndarray, block_table, context_len: int, lo: int, hi: int) -> np.ndarray:
+    """A sequence's rows [lo, hi) of `cache` as float32 [hi - lo, Hk, D], zeros past its context."""
+    block_size = cache.shape[1]
+    end = min(hi, context_len)
+    first = lo // block_size
+    pages = cache[np.asarray(block_table[first:-(-end // block_size)])]
+    rows = pages.reshape(-1, *cache.shape[2:])[lo - first * block_size:end - first * block_size]
+    span = np.zeros((hi - lo, *cache.shape[2:]), np.float32)
+    span[:end - lo] = rows
+    return span
+
+
+def _masked(positions, lo: int, hi: int, window: int):
+    """[queries, hi - lo]: True where the query at `positions` does not see the key."""
+    keys = np.arange(lo, hi)[None, :]
+    return (keys > positions[:, None]) | (keys < _first_visible(positions[:, None], window))
+
+
+def _attend(queries, keys, values, masked):
+    """queries [..., R, D] (scaled), keys [..., D, L], values [..., L, D], masked broadcasting to
+    [..., R, L] -> [..., R, D]."""
+    lone = queries.shape[-2] == 1
+    if lone:   # as two rows: OpenBLAS's GEMV sums otherwise than its GEMM
+        queries = np.concatenate([queries, queries], axis=-2)
+    scores = np.matmul(queries, keys)
+    np.copyto(scores, np.float32(-np.inf), where=masked)
+    probs = _softmax_inplace(scores)
+    # probs @ V one KEY_SPAN of keys at a time, left to right: OpenBLAS's kernel for small
+    # matrices sums all of K in one pass, its blocked kernel in blocks of a few hundred (384 on
+    # Haswell), so past that a row's bits would depend on how many rows run with it
+    out = np.matmul(probs[..., :KEY_SPAN], values[..., :KEY_SPAN, :])
+    for start in range(KEY_SPAN, probs.shape[-1], KEY_SPAN):
+        out += np.matmul(probs[..., start:start + KEY_SPAN], values[..., start:start + KEY_SPAN, :])
+    return out[..., :1, :] if lone else out
 
 
 def _softmax_inplace(scores: np.ndarray) -> np.ndarray:
@@ -181,63 +226,36 @@ def _softmax_inplace(scores: np.ndarray) -> np.ndarray:
     return scores
 
 
-def _decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, window: int):
-    """One query per sequence, all sequences at once, padded to whole blocks of the longest.
+def _lone_queries(queries, k_cache, v_cache, block_tables, context_lens, query_start_loc, seqs,
+                  lo: int, hi: int, window: int):
+    """The one query of each of `seqs` (key span [lo, hi) for all), stacked: [S, Hq, D]."""
+    num_seqs, (num_heads, head_dim), num_kv_heads = len(seqs), queries.shape[1:], k_cache.shape[2]
+    spans = [(_gather_span(k_cache, block_tables[s], int(context_lens[s]), lo, hi),
+              _gather_span(v_cache, block_tables[s], int(context_lens[s]), lo, hi)) for s in seqs]
+    keys = np.ascontiguousarray(np.stack([k for k, _ in spans]).transpose(0, 2, 3, 1))    # [S, Hk, D, L]
+    values = np.ascontiguousarray(np.stack([v for _, v in spans]).transpose(0, 2, 1, 3))  # [S, Hk, L, D]
+    q = queries[query_start_loc[seqs]].reshape(num_seqs, num_kv_heads, -1, head_dim)
+    masked = _masked(context_lens[seqs] - 1, lo, hi, window)[:, None, None, :]
+    return _attend(np.ascontiguousarray(q), keys, values, masked).reshape(num_seqs, num_heads, head_dim)
 
-    Scores are computed as K @ q^T ([L, D] @ [D, G] per KV head): OpenBLAS runs q @ K^T with a
-    transposed K of more than 400 keys about 4x slower (measured, SkylakeX kernels).
-    """
-    num_seqs, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+
+def _query_run(queries, k_cache, v_cache, block_table, context_len: int, first_position: int,
+               lo: int, hi: int, window: int):
+    """Consecutive queries [m, Hq, D] of one sequence from first_position, all of key span
+    [lo, hi) -> [m, Hq, D]."""
+    m, num_heads, head_dim = queries.shape
+    num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    num_blocks = -(-int(context_lens.max()) // block_size)
-    ids = block_tables[:, :num_blocks]
-    keys = _gather_pages(k_cache, ids).transpose(0, 2, 1, 3)             # [S, Hk, L, D]
-    values = _gather_pages(v_cache, ids).transpose(0, 2, 1, 3)           # [S, Hk, L, D]
-    queries = q.reshape(num_seqs, num_kv_heads, group, head_dim) * np.float32(scale)
-    scores = np.matmul(keys, queries.transpose(0, 1, 3, 2))             # [S, Hk, L, G]
-    # small copy; reductions along a strided axis of length G are ~40x slower
-    scores = np.ascontiguousarray(scores.transpose(0, 1, 3, 2))         # [S, Hk, G, L]
-    key_positions = np.arange(num_blocks * block_size)[None, :]
-    padding = key_positions >= context_lens[:, None]                                 # [S, L]
-    padding |= key_positions < _first_visible(context_lens[:, None] - 1, window)    # out of the window
-    scores += np.where(padding, np.float32(-np.inf), np.float32(0.0))[:, None, None, :]
-    probs = _softmax_inplace(scores)
-    return np.matmul(probs, values).reshape(num_seqs, num_heads, head_dim)
-
-
-def _prefill_attention(q, k_cache, v_cache, block_table, context_len, scale, window: int):
-    """q_len queries of one sequence, causal over its whole context, tiled over queries."""
-    q_len, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = num_heads // num_kv_heads
-    num_blocks = -(-context_len // block_size)
-    # contiguous operands: numpy's batched matmul falls back to a slow loop on strided ones
-    keys = np.ascontiguousarray(
-        _gather_pages(k_cache, block_table[:num_blocks], context_len).transpose(1, 2, 0))   # [Hk, D, L]
-    values = np.ascontiguousarray(
-        _gather_pages(v_cache, block_table[:num_blocks], context_len).transpose(1, 0, 2))   # [Hk, L, D]
-    queries = np.ascontiguousarray(
-        (q * np.float32(scale)).reshape(q_len, num_kv_heads, group, head_dim).transpose(1, 2, 0, 3))
-    out = np.empty((num_kv_heads, group, q_len, head_dim), dtype=q.dtype)
-    first_position = context_len - q_len
-    tile = min(PREFILL_TILE, max(1, _MAX_SCORE_ELEMENTS // (num_heads * context_len)))
-    key_positions = np.arange(context_len)
-    for start in range(0, q_len, tile):
-        stop = min(q_len, start + tile)
-        visible = first_position + stop   # keys up to the tile's last query: skips the future
-        # [Hk, G*t, D] @ [Hk, D, visible]: one GEMM per KV head for all its query heads
-        tile_queries = queries[:, :, start:stop].reshape(num_kv_heads, -1, head_dim)
-        scores = np.matmul(tile_queries, keys[:, :, :visible]).reshape(
-            num_kv_heads, group, stop - start, visible)
-        query_positions = first_position + np.arange(start, stop)
-        future = key_positions[None, :visible] > query_positions[:, None]       # [t, visible]
-        future |= key_positions[None, :visible] < _first_visible(query_positions[:, None], window)
-        scores += np.where(future, np.float32(-np.inf), np.float32(0.0))
-        probs = _softmax_inplace(scores).reshape(num_kv_heads, -1, visible)
-        out[:, :, start:stop] = np.matmul(probs, values[:, :visible]).reshape(
-            num_kv_heads, group, stop - start, head_dim)
-    return out.transpose(2, 0, 1, 3).reshape(q_len, num_heads, head_dim)
+    keys = np.ascontiguousarray(_gather_span(k_cache, block_table, context_len, lo, hi).transpose(1, 2, 0))
+    values = np.ascontiguousarray(_gather_span(v_cache, block_table, context_len, lo, hi).transpose(1, 0, 2))
+    positions = first_position + np.arange(m)
+    out = np.empty((num_kv_heads, m, group, head_dim), np.float32)
+    for rows in _batches(np.arange(m), _MAX_SCORE_ELEMENTS // (num_heads * (hi - lo))):
+        q = np.ascontiguousarray(queries[rows].reshape(len(rows), num_kv_heads, group, head_dim)
+                                 .transpose(1, 0, 2, 3)).reshape(num_kv_heads, -1, head_dim)
+        masked = np.repeat(_masked(positions[rows], lo, hi, window), group, axis=0)
+        out[:, rows] = _attend(q, keys, values, masked).reshape(num_kv_heads, len(rows), group, head_dim)
+    return out.transpose(1, 0, 2, 3).reshape(m, num_heads, head_dim)
 
 
 # ---- CUDA kernels (cuda/attention_decode.cu, cuda/attention_prefill.cu) ------------------------

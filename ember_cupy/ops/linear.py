@@ -57,13 +57,28 @@ def linear(x, weight, activations: ActivationQuantization = ONE_PASS, determinis
     return float_matmul(x, weight)
 
 
+# Inner-dimension slice of a float GEMM on NumPy (float_matmul): within one of OpenBLAS's K blocks
+# (384 on Haswell; 256 leaves a margin) its kernels for small and large matrices sum alike.
+FLOAT_MATMUL_K_SLICE = 256
+
+
 def float_matmul(x, w):
-    """x @ w, each row's bits independent of the other rows' on NumPy: OpenBLAS computes a row of
-    a GEMM alike for every M >= 2 (checked on the models' shapes, tests/test_batch_invariance.py),
-    but a lone row goes through its GEMV, which sums in another order; so it is computed as two."""
-    if isinstance(x, np.ndarray) and x.ndim == 2 and x.shape[0] == 1:
-        return (np.concatenate([x, x]) @ w)[:1]
-    return x @ w
+    """x @ w, each row's bits independent of the other rows' on NumPy, for w a C-contiguous
+    [in, out] of a model's shape. OpenBLAS sums a row of a GEMM in another order depending on M:
+    a lone row goes through its GEMV (so it is computed as two), and a small product (M*N*K up to
+    about 1M) through a kernel that sums all of K in one pass where the blocked one sums blocks
+    of K (576 x 576 at M = 2-3 differed). So K is summed FLOAT_MATMUL_K_SLICE at a time, left to
+    right. (A transposed w, or a few output columns, take yet other kernels: checked not to hold,
+    so the models' matrices are kept [in, out]; tests/test_float_matmul.py.)"""
+    if not (isinstance(x, np.ndarray) and x.ndim == 2):
+        return x @ w
+    if x.shape[0] == 1:
+        return float_matmul(np.concatenate([x, x]), w)[:1]
+    k = FLOAT_MATMUL_K_SLICE
+    out = x[:, :k] @ w[:k]
+    for start in range(k, x.shape[1], k):
+        out += x[:, start:start + k] @ w[start:start + k]
+    return out
 
 
 def embedding(table, ids, dtype=np.float32):
@@ -114,7 +129,7 @@ def matmul_q_numpy(x: np.ndarray, weight: PackedWeight | StackedWeight | Dequant
     """The NumPy twin of the host kernel: the int8 activation blocks, and W as its blocks say."""
     _check(x, weight)
     x = fake_quantize_activations(np.asarray(x, dtype=np.float32), activations)
-    return float_matmul(x, weight.dequantize().T).astype(np.float32)
+    return float_matmul(x, np.ascontiguousarray(weight.dequantize().T)).astype(np.float32)
 
 
 # --- weight-only CUDA path: cuda/matmul_q.cu and its NumPy twins ----------------------------
