@@ -20,7 +20,8 @@ def host_kernel_info() -> dict:
     info = {"active": library is not None, "cpu_supports": _host.supported_isas(),
             "compiler": _host.compiler()}
     if library is not None:
-        info.update(isa=library.isa, threads=library.threads, library=str(library.path))
+        info.update(isa=library.isa, threads=library.threads, library=str(library.path),
+                    prebuilt=library.prebuilt)
     return info
 
 

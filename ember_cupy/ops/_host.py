@@ -1,6 +1,8 @@
-"""Host kernels: cpu/*.c compiled on first use by the machine's C compiler, with flags chosen from
-the CPU's features, cached on disk (keyed by source hash + flags + compiler version), loaded with
-ctypes (which releases the GIL during a call). The CPU twin of ops/_cuda.py.
+"""Host kernels: cpu/*.c built for the path this CPU's features allow, loaded with ctypes (which
+releases the GIL during a call). The CPU twin of ops/_cuda.py. An installed package carries them
+prebuilt for every path of its architecture (ops/host_build.py, at `pip install`); a source
+checkout, or a path the package lacks, compiles them on first use with the machine's C compiler,
+cached on disk (keyed by source hash + flags + compiler version).
 
 ISA paths: `avx512amx` (AVX-512 VNNI plus AMX tiles for matmuls of 8 rows or more, where Linux
 grants the tiles), `avx512vnni`, `avx2`, `portable` (plain C any compiler builds). `EMBER_HOST_ISA`
@@ -21,26 +23,19 @@ from pathlib import Path
 
 import numpy as np
 
+from ember_cupy.ops import host_build
 from ember_cupy.ops._sources import kernel_source_dir
+from ember_cupy.ops.host_build import ISA_FLAGS
 
 logger = logging.getLogger("ember_cupy.host")
 
-_AVX512_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c")
 _AVX512_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"}
-ISA_FLAGS = {
-    "avx512amx": (*_AVX512_FLAGS, "-mamx-tile", "-mamx-int8"),
-    "avx512vnni": _AVX512_FLAGS,
-    "avx2": ("-mavx2", "-mfma", "-mf16c"),
-    "portable": (),
-}
 ISA_CPU_FLAGS = {
     "avx512amx": _AVX512_CPU_FLAGS | {"amx_tile", "amx_int8"},
     "avx512vnni": _AVX512_CPU_FLAGS,
     "avx2": {"avx2", "fma", "f16c"},
     "portable": set(),
 }
-BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-pthread", "-ffp-contract=off",
-              "-fno-math-errno", "-Wall", "-Wextra", "-fvisibility=hidden")
 
 
 class HostKernelError(RuntimeError):
@@ -96,37 +91,30 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("EMBER_KERNEL_CACHE", Path.home() / ".cache" / "ember_cupy" / "kernels"))
 
 
-def _sources() -> list[Path]:
-    return sorted(HOST_SOURCE_DIR.glob("*.c"))
+def _library_path(isa: str) -> tuple[Path, bool]:
+    """The library for `isa` and whether the package carries it prebuilt (no compiler needed);
+    else it is compiled here once (EMBER_HOST_PREBUILT=0 forces that)."""
+    if os.environ.get("EMBER_HOST_PREBUILT", "1").strip().lower() not in ("0", "false", "no", "off"):
+        prebuilt = host_build.prebuilt_library(HOST_SOURCE_DIR, isa)
+        if prebuilt is not None:
+            return prebuilt, True
+    return _build(isa), False
 
 
 def _build(isa: str) -> Path:
+    """The kernel cache's library for `isa`, compiled by this machine's compiler on first use."""
     cc = compiler()
     if cc is None:
         raise NoCompilerError(_no_compiler_reason())
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
-    sources = _sources()
-    if not sources:
-        raise HostKernelError(f"no host kernel sources in {HOST_SOURCE_DIR}")
-    digest = hashlib.sha256()
-    for path in [*sources, *sorted(HOST_SOURCE_DIR.glob("*.h"))]:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    flags = (*BASE_FLAGS, *ISA_FLAGS[isa])
-    digest.update(f"{' '.join(flags)}|{version}".encode())
-    target = _cache_dir() / f"ember_host-{isa}-{digest.hexdigest()[:20]}.so"
+    digest = hashlib.sha256(f"{host_build.source_digest(HOST_SOURCE_DIR, isa)}|{version}".encode())
+    target = _cache_dir() / host_build.library_name(isa, digest.hexdigest()[:20])
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(f".{os.getpid()}.tmp")
-    errors = ""
-    for openmp in (("-fopenmp",), ()):   # a compiler without OpenMP still builds 1-thread kernels
-        cmd = [cc, *flags, *openmp, "-I", str(HOST_SOURCE_DIR), *map(str, sources), "-o", str(tmp), "-lm"]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode == 0:
-            os.replace(tmp, target)
-            return target
-        errors = result.stderr
-    raise HostKernelError(f"{cc} failed to build the host kernels ({isa}):\n{errors[-4000:]}")
+    try:
+        return host_build.compile_library(cc, isa, HOST_SOURCE_DIR, target)
+    except host_build.CompileError as error:
+        raise HostKernelError(str(error)) from None
 
 
 class HostLibrary:
@@ -134,7 +122,7 @@ class HostLibrary:
 
     def __init__(self, isa: str):
         self.isa = isa
-        self.path = _build(isa)
+        self.path, self.prebuilt = _library_path(isa)
         self.lib = ctypes.CDLL(str(self.path))
         self._declare()
         threads = int(os.environ.get("EMBER_NUM_THREADS", 0)) or _usable_cpus()
@@ -164,7 +152,8 @@ class HostLibrary:
                 function.argtypes, function.restype = argtypes, restype
 
     def describe(self) -> str:
-        return f"host kernels: {self.isa}, {self.threads} thread(s), {compiler()}"
+        built = "prebuilt with the package" if self.prebuilt else compiler()
+        return f"host kernels: {self.isa}, {self.threads} thread(s), {built}"
 
 
 # Other kernel families register their ctypes signatures here: name -> (argtypes, restype).
