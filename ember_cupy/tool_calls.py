@@ -13,8 +13,9 @@ The generic format, for chat templates without tool support (the default SmolLM2
   role "tool" messages as they are (the template renders their content).
 
 Templates with tool support (their source uses `tools`) get the tools through the template and
-the messages unchanged; for `auto` their output is free text, parsed for Hermes-style
-`<tool_call>{"name": ..., "arguments": ...}</tool_call>` blocks (Qwen, Hermes, SmolLM3);
+the messages unchanged; for `auto` their output is free text, parsed by the family's format
+(`--tool-call-parser`, ember_cupy/tool_parsers.py; default: Hermes-style
+`<tool_call>{"name": ..., "arguments": ...}</tool_call>` blocks: Qwen, Hermes, SmolLM3);
 `required` and named functions are constrained as above.
 """
 from __future__ import annotations
@@ -28,10 +29,11 @@ from dataclasses import dataclass
 from ember_cupy.structured.closed_objects import close_objects
 from ember_cupy.structured.compiler import JSON_LAYOUT
 from ember_cupy.structured.params import StructuredOutputsParams
+from ember_cupy.tool_parsers import PARSERS, ToolParser
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
-_HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+DEFAULT_PARSER = PARSERS["hermes"]
 # plain text in `auto`: anything not starting like a call array (or white space before one)
 _TEXT_LEXEME = r"/[^\[\s][\s\S]*/"
 
@@ -225,8 +227,8 @@ def _as_text(content) -> str:
 
 
 # --- the output side -----------------------------------------------------------------------------
-def parse_output(text: str, spec: ToolSpec, template_supports_tools: bool = False
-                 ) -> tuple[str | None, list[ToolCall]]:
+def parse_output(text: str, spec: ToolSpec, template_supports_tools: bool = False,
+                 parser: ToolParser | None = None) -> tuple[str | None, list[ToolCall]]:
     """(content, tool calls) of a finished output. Text that is not a valid call stays content."""
     if not spec.active:
         return text, []
@@ -236,7 +238,9 @@ def parse_output(text: str, spec: ToolSpec, template_supports_tools: bool = Fals
             return text, []
         return None, [ToolCall(spec.named, json.dumps(arguments, ensure_ascii=False))]
     if template_supports_tools and spec.mode == "auto":
-        return _parse_hermes(text, spec)
+        content, calls = (parser or DEFAULT_PARSER).parse(text, {t.name for t in spec.tools})
+        return (content.strip() or None if calls and content else content), \
+            [ToolCall(c.name, json.dumps(c.arguments, ensure_ascii=False)) for c in calls]
     calls = _calls_from_array(_json_or_none(text.strip()) if text.lstrip().startswith("[") else None, spec)
     return (None, calls) if calls else (text, [])
 
@@ -253,15 +257,6 @@ def _calls_from_array(value, spec: ToolSpec) -> list[ToolCall]:
     return calls
 
 
-def _parse_hermes(text: str, spec: ToolSpec) -> tuple[str | None, list[ToolCall]]:
-    blocks = _HERMES_CALL.findall(text)
-    calls = _calls_from_array([_json_or_none(b) for b in blocks], spec) if blocks else []
-    if not calls:
-        return text, []
-    content = _HERMES_CALL.sub("", text).strip()
-    return content or None, calls
-
-
 def _json_or_none(text: str):
     try:
         return json.loads(text)
@@ -273,21 +268,26 @@ class ToolCallStream:
     """Streaming: which text deltas are content and which are a tool call in the making.
 
     A call is sent whole (id, name, arguments) once its output finishes: the arguments are only
-    known to be valid then. Content streams as it comes; in the generic `auto` format the first
-    character decides (a call array starts with "[", text never does).
+    known to be valid then. Content streams as it comes: in the generic `auto` format the first
+    character decides (a call array starts with "[", text never does); with a family's parser,
+    content runs until its calls start (text that may be the start of a marker waits a delta).
     """
 
-    def __init__(self, spec: ToolSpec, template_supports_tools: bool = False):
+    def __init__(self, spec: ToolSpec, template_supports_tools: bool = False, parser: ToolParser | None = None):
         self.spec = spec
         self.template_supports_tools = template_supports_tools
+        self.parser = (parser or DEFAULT_PARSER) if template_supports_tools and spec.mode == "auto" else None
         self._text = ""
-        self._holding = spec.mode in ("named", "required") or (spec.active and template_supports_tools)
+        self._sent = 0                      # characters of _text sent as content
+        self._holding = spec.mode in ("named", "required")
 
     def feed(self, delta_text: str, finished: bool) -> tuple[str, list[ToolCall]]:
         """(content to send now, tool calls to send now)."""
         self._text += delta_text
         if not self.spec.active:
             return delta_text, []
+        if self.parser is not None:
+            return self._feed_family(finished)
         if not self._holding and self._text.startswith("["):
             self._holding = True
         if not self._holding:
@@ -296,6 +296,20 @@ class ToolCallStream:
             return "", []
         content, calls = parse_output(self._text, self.spec, self.template_supports_tools)
         return content or "", calls
+
+    def _feed_family(self, finished: bool) -> tuple[str, list[ToolCall]]:
+        if finished:
+            content, calls = parse_output(self._text, self.spec, True, self.parser)
+            return self._send(len(self._text) if not calls else self._sent), calls
+        start = self.parser.call_start(self._text)
+        if start is not None:
+            return self._send(start), []
+        return self._send(len(self._text) - self.parser.holdback(self._text)), []
+
+    def _send(self, upto: int) -> str:
+        upto = max(upto, self._sent)
+        text, self._sent = self._text[self._sent:upto], upto
+        return text
 
 
 def render_chat(tokenizer, messages: list[dict], spec: ToolSpec, add_generation_prompt: bool = True,
