@@ -330,9 +330,10 @@ def template_supports_tools(tokenizer) -> bool:
 
 
 # --- OpenAI response shapes ------------------------------------------------------------------------
-def set_full_choice(choice: dict, text: str, spec: ToolSpec, template_supports_tools: bool) -> None:
+def set_full_choice(choice: dict, text: str, spec: ToolSpec, template_supports_tools: bool,
+                    parser: ToolParser | None = None) -> None:
     """A chat choice ({"message": ..., "finish_reason": ...}) with its tool calls, if it made any."""
-    content, calls = parse_output(text, spec, template_supports_tools)
+    content, calls = parse_output(text, spec, template_supports_tools, parser)
     if calls:
         choice["message"]["content"] = content
         choice["message"]["tool_calls"] = [c.to_openai() for c in calls]

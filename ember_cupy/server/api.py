@@ -18,6 +18,7 @@ from ember_cupy.server.middleware import auth_middleware, cors_handlers, error_m
 from ember_cupy.server.openapi import openapi_spec
 from ember_cupy.server.protocol import validate
 from ember_cupy.server.protocol.requests import DetokenizeRequest, TokenizeRequest
+from ember_cupy.server.output_parsers import OutputParsers
 from ember_cupy.server.response_store import MAX_BYTES, ResponseStore
 from ember_cupy.server.responses_api import ResponsesServing
 from ember_cupy.server.serving import (
@@ -52,6 +53,8 @@ class ServerSettings:
     model_path: str | None = None
     response_store_bytes: int = MAX_BYTES   # the Responses API's stored responses, as JSON bytes
     max_prompt_tokens_per_request: int = DEFAULT_MAX_PROMPT_TOKENS_PER_REQUEST
+    reasoning_parser: str | None = None   # deepseek_r1 | qwen3 (ember_cupy/reasoning.py)
+    tool_call_parser: str | None = None   # a family's call format for tool_choice auto (tool_parsers.py)
 
 
 def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
@@ -66,7 +69,8 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     if on_prepare is not None:
         app.on_response_prepare.append(on_prepare)
-    serving = OpenAIServing(engine, settings.served_model_names, settings.max_prompt_tokens_per_request)
+    serving = OpenAIServing(engine, settings.served_model_names, settings.max_prompt_tokens_per_request,
+                            OutputParsers.named(settings.reasoning_parser, settings.tool_call_parser))
     app[ENGINE_KEY] = engine
     app[SERVING_KEY] = serving
     app[SETTINGS_KEY] = settings

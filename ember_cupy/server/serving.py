@@ -23,6 +23,7 @@ from ember_cupy.server.async_engine import (
 from ember_cupy.server.errors import APIError, from_value_error
 from ember_cupy.server.logprob_limits import check_logprob_entries
 from ember_cupy.server.protocol import GenerationRequest, parse_chat, parse_completion
+from ember_cupy.server.output_parsers import ChatDeltas, OutputParsers
 from ember_cupy.server.protocol.constraints import tool_spec
 from ember_cupy.server.validation import read_json_body
 
@@ -79,10 +80,12 @@ async def _merge(streams: list[RequestStream]):
 
 class OpenAIServing:
     def __init__(self, engine: AsyncEngine, model_names: list[str],
-                 max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS_PER_REQUEST):
+                 max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS_PER_REQUEST,
+                 output_parsers: OutputParsers = OutputParsers()):
         self.engine = engine
         self.model_names = model_names
         self.max_prompt_tokens = max_prompt_tokens
+        self.output_parsers = output_parsers
 
     def ensure_ready(self) -> None:
         if not self.engine.is_ready:
@@ -166,6 +169,10 @@ class OpenAIServing:
             raise APIError(400, str(exc), param="messages", code="invalid_value") from None
         except Exception as exc:   # noqa: BLE001 - overloaded, timed out: an HTTP error each
             raise engine_error(exc) from None
+        try:
+            req.params = self.output_parsers.constrain_answer(req.params, prompt)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="structured_outputs", code="invalid_value") from None
         return req, prompt, tools
 
     # --- generation -----------------------------------------------------------------------
@@ -293,7 +300,8 @@ class _Context:
         self.done: set[int] = set()
         self.tools = tools
         self.supports_tools = tool_calls.template_supports_tools(self.tokenizer)
-        self.tool_streams: dict[int, tool_calls.ToolCallStream] = {}   # by choice index
+        self.parsers = serving.output_parsers
+        self.chat_deltas: dict[int, ChatDeltas] = {}   # by choice index
         self.chat_prompt_logprobs: list | None = None   # for the next chunk's envelope (vLLM's)
         self.prompt_logprobs: dict[int, list] = {}      # by prompt index: outputs may carry them once
 
@@ -306,8 +314,8 @@ class _Context:
         if self.req.kind == "chat":
             lp = self.logprobs.chat(c.logprobs) if c.logprobs is not None else None
             choice = R.chat_choice(index, c, lp)
-            if self.tools.active:
-                tool_calls.set_full_choice(choice, c.text, self.tools, self.supports_tools)
+            self.parsers.full_message(choice, c.text, self._prompt_text(prompt_index), self.tools,
+                                      self.supports_tools)
             return choice
         return self._completion_choice(prompt_index, index, output, c, c.text, c.logprobs, 0)
 
@@ -366,15 +374,13 @@ class _Context:
                 self.done.add(index)
             if self.req.kind == "chat":
                 lp = self.logprobs.chat(entries) if entries is not None else None
-                delta = {"content": c.delta_text} if c.delta_text else {}
-                finish_reason = c.finish_reason
-                if self.tools.active:
-                    stream = self.tool_streams.setdefault(
-                        index, tool_calls.ToolCallStream(self.tools, self.supports_tools))
-                    delta, called = tool_calls.stream_delta(stream, c.delta_text, bool(c.finish_reason))
-                    finish_reason = "tool_calls" if called else finish_reason
-                    if not delta and not finish_reason and not entries and not says_prompt:
-                        continue
+                if index not in self.chat_deltas:
+                    self.chat_deltas[index] = ChatDeltas(self.parsers, self._prompt_text(prompt_index), self.tools,
+                                                         self.supports_tools)
+                delta, called = self.chat_deltas[index].delta(c.delta_text, bool(c.finish_reason))
+                finish_reason = "tool_calls" if called else c.finish_reason
+                if not delta and not finish_reason and not entries and not says_prompt:
+                    continue
                 if says_prompt:
                     self.chat_prompt_logprobs = self._vllm_prompt_logprobs(prompt_index, output)
                 choices.append({"index": index, "delta": delta, "logprobs": lp,
