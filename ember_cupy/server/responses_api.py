@@ -15,6 +15,7 @@ import uuid
 from aiohttp import web
 
 from ember_cupy import tool_calls
+from ember_cupy.reasoning import ReasoningStream, split_reasoning
 from ember_cupy.server import responses as R
 from ember_cupy.server.async_engine import EngineDeadError, EngineNotReadyError, RequestStream
 from ember_cupy.server.errors import APIError
@@ -49,6 +50,7 @@ class ResponsesServing:
             exc.param = _responses_param(exc.param)
             raise
         run = _Run(self.serving, req, chat.model or self.serving.model_names[0], tools)
+        run.prompt = prompt
         try:
             stream = await self.serving.engine.add_request(prompt, chat.params, request_id=run.id,
                                                            cache_salt=chat.cache_salt,
@@ -163,9 +165,18 @@ def _text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
+def _reasoning_item(item_id: str, text: str, status: str) -> dict:
+    return {"type": "reasoning", "id": item_id, "summary": [], "status": status,
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
 def _call_item(item_id: str, call: tool_calls.ToolCall, arguments: str, status: str) -> dict:
     return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
             "arguments": arguments, "status": status}
+
+
+def _item_status(status: str) -> str:
+    return "incomplete" if status == "failed" else status
 
 
 def _status(finish_reason: str | None) -> str:
@@ -188,6 +199,10 @@ class _Run:
         self.created_at = int(time.time())
         self.tools = tools
         self.supports_tools = tool_calls.template_supports_tools(serving.engine.tokenizer)
+        self.parsers = serving.output_parsers
+        self.prompt = ""                   # the chat prompt: whether it opened the thinking
+        self.reasoning: str | None = None
+        self.message_index = 0             # the message item's output index (after a reasoning item)
         self.counter = R.UsageCounter()
         self.items: list[dict] = []
         self.text: str | None = None
@@ -203,8 +218,15 @@ class _Run:
             raise engine_error(exc) from None
         self.counter.add(0, output)
         c = output.outputs[0]
-        content, self.calls = tool_calls.parse_output(c.text, self.tools, self.supports_tools)
         status = _status(c.finish_reason)
+        text = c.text
+        if self.parsers.reasoning is not None:
+            split = split_reasoning(self.parsers.reasoning, text, self.prompt)
+            text = split.content or ""
+            if split.reasoning:
+                self.reasoning = split.reasoning
+                self.items.append(_reasoning_item(_new_id("rs_"), split.reasoning, _item_status(status)))
+        content, self.calls = tool_calls.parse_output(text, self.tools, self.supports_tools, self.parsers.tools)
         if content or not self.calls:
             self.text = content or ""
             self.items.append(_message_item(_new_id("msg_"), self.text, status))
@@ -273,18 +295,31 @@ class _Run:
     async def _events(self, response: web.StreamResponse, stream: RequestStream) -> None:
         await self._emit(response, "response.created", response=self._snapshot("in_progress"))
         await self._emit(response, "response.in_progress", response=self._snapshot("in_progress"))
-        splitter = tool_calls.ToolCallStream(self.tools, self.supports_tools)
-        message_id, status = None, "in_progress"
+        splitter = tool_calls.ToolCallStream(self.tools, self.supports_tools, self.parsers.tools)
+        thinking = ReasoningStream(self.parsers.reasoning, self.prompt) if self.parsers.reasoning else None
+        message_id, reasoning_id, status = None, None, "in_progress"
         async for output in stream:
             self.counter.add(0, output)
             c = output.outputs[0]
-            content, calls = splitter.feed(c.delta_text, bool(c.finish_reason))
+            text = c.delta_text
+            if thinking is not None:
+                thought, text = thinking.feed(text, bool(c.finish_reason))
+                if thought:
+                    if reasoning_id is None:
+                        reasoning_id = await self._open_reasoning(response)
+                    self.reasoning += thought
+                    await self._emit(response, "response.reasoning_text.delta", item_id=reasoning_id,
+                                     output_index=0, content_index=0, delta=thought)
+                if reasoning_id is not None and (text or c.finish_reason) and self.message_index == 0:
+                    await self._close_reasoning(response, reasoning_id, _item_status(_status(c.finish_reason))
+                                                if c.finish_reason else "completed")
+            content, calls = splitter.feed(text, bool(c.finish_reason))
             if content:
                 if message_id is None:
                     message_id = await self._open_message(response)
                 self.text += content
                 await self._emit(response, "response.output_text.delta", item_id=message_id,
-                                 output_index=0, content_index=0, delta=content, logprobs=[])
+                                 output_index=self.message_index, content_index=0, delta=content, logprobs=[])
             if c.finish_reason:
                 status = _status(c.finish_reason)
                 if message_id is None and not calls:
@@ -297,21 +332,37 @@ class _Run:
                                                                                              "response.failed")
         await self._emit(response, kind, response=self._snapshot(status))
 
+    async def _open_reasoning(self, response: web.StreamResponse) -> str:
+        reasoning_id = _new_id("rs_")
+        self.reasoning = ""
+        self.items.append(_reasoning_item(reasoning_id, "", "in_progress"))
+        await self._emit(response, "response.output_item.added", output_index=0, item=self.items[0])
+        return reasoning_id
+
+    async def _close_reasoning(self, response: web.StreamResponse, reasoning_id: str, status: str) -> None:
+        """The reasoning is done: its item is closed and the message (if any) comes after it."""
+        await self._emit(response, "response.reasoning_text.done", item_id=reasoning_id, output_index=0,
+                         content_index=0, text=self.reasoning)
+        self.items[0] = _reasoning_item(reasoning_id, self.reasoning, status)
+        await self._emit(response, "response.output_item.done", output_index=0, item=self.items[0])
+        self.message_index = 1
+
     async def _open_message(self, response: web.StreamResponse) -> str:
-        message_id = _new_id("msg_")
+        message_id, index = _new_id("msg_"), self.message_index
         self.text = ""
         self.items.append(_message_item(message_id, "", "in_progress"))
-        await self._emit(response, "response.output_item.added", output_index=0, item=self.items[0])
-        await self._emit(response, "response.content_part.added", item_id=message_id, output_index=0,
+        await self._emit(response, "response.output_item.added", output_index=index, item=self.items[index])
+        await self._emit(response, "response.content_part.added", item_id=message_id, output_index=index,
                          content_index=0, part=_text_part(""))
         return message_id
 
     async def _close_message(self, response: web.StreamResponse, message_id: str, status: str) -> None:
-        ids = dict(item_id=message_id, output_index=0, content_index=0)
+        index = self.message_index
+        ids = dict(item_id=message_id, output_index=index, content_index=0)
         await self._emit(response, "response.output_text.done", **ids, text=self.text, logprobs=[])
         await self._emit(response, "response.content_part.done", **ids, part=_text_part(self.text))
-        self.items[0] = _message_item(message_id, self.text, status)
-        await self._emit(response, "response.output_item.done", output_index=0, item=self.items[0])
+        self.items[index] = _message_item(message_id, self.text, status)
+        await self._emit(response, "response.output_item.done", output_index=index, item=self.items[index])
 
     async def _send_call(self, response: web.StreamResponse, call: tool_calls.ToolCall) -> None:
         """A call goes out whole, once its output has finished (its arguments are known valid then)."""

@@ -96,3 +96,25 @@ def test_the_tool_call_parser_reads_the_familys_calls(servers):
                 for c in chunk.choices[0].delta.tool_calls or []]
     assert [(c.function.name, c.function.arguments) for c in streamed] == [
         (call.function.name, call.function.arguments)]
+
+
+def _responses(url, stream=False, **body):
+    import openai
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return client.responses.create(model=MODEL, temperature=0, max_output_tokens=40, stream=stream, **body)
+
+
+def test_responses_put_the_reasoning_in_a_reasoning_item_whole_and_streamed(servers):
+    plain, parsing, _ = servers
+    expected = split_reasoning("deepseek_r1", _chat(plain, messages=SHOT).choices[0].message.content)
+    response = _responses(parsing, input=SHOT)
+    reasoning, message = response.output
+    assert reasoning.type == "reasoning" and reasoning.content[0].text == expected.reasoning
+    assert message.type == "message" and response.output_text == expected.content
+    events = list(_responses(parsing, stream=True, input=SHOT))
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert (deltas, text) == (expected.reasoning, expected.content)
+    assert [e.output_index for e in events if e.type == "response.output_item.added"] == [0, 1]
+    final = events[-1].response
+    assert [i.type for i in final.output] == ["reasoning", "message"] and final.output_text == expected.content
