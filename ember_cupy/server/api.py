@@ -57,7 +57,8 @@ class ServerSettings:
     tool_call_parser: str | None = None   # a family's call format for tool_choice auto (tool_parsers.py)
 
 
-def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
+def base_app(settings: ServerSettings) -> web.Application:
+    """An application with the server's middlewares (access log, CORS, errors, auth) and limits."""
     middlewares = [error_middleware()]
     preflight = on_prepare = None
     if settings.allowed_origins:
@@ -69,12 +70,17 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     if on_prepare is not None:
         app.on_response_prepare.append(on_prepare)
+    app[SETTINGS_KEY] = settings
+    app[READ_TIMEOUT_KEY] = settings.read_timeout
+    return app
+
+
+def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
+    app = base_app(settings)
     serving = OpenAIServing(engine, settings.served_model_names, settings.max_prompt_tokens_per_request,
                             OutputParsers.named(settings.reasoning_parser, settings.tool_call_parser))
     app[ENGINE_KEY] = engine
     app[SERVING_KEY] = serving
-    app[SETTINGS_KEY] = settings
-    app[READ_TIMEOUT_KEY] = settings.read_timeout
     handlers = _Handlers(engine, serving, settings)
     app.router.add_post("/v1/completions", serving.completions)
     app.router.add_post("/v1/chat/completions", serving.chat)

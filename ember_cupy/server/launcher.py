@@ -42,12 +42,13 @@ def check_can_listen(host: str, port: int) -> None:
 
 
 class Server:
-    """One app on one socket. `await start()`, `await stop()`; `port` once started."""
+    """One app on one socket. `await start()`, `await stop()`; `port` once started. `app`: another
+    application than the one engine's (the many-model router, server/model_router.py; engine None)."""
 
-    def __init__(self, engine: AsyncEngine, settings: ServerSettings):
+    def __init__(self, engine: AsyncEngine | None, settings: ServerSettings, app: web.Application | None = None):
         self.engine = engine
         self.settings = settings
-        self.app = build_app(engine, settings)
+        self.app = app if app is not None else build_app(engine, settings)
         # aiohttp closes a connection whose request has not fully arrived keepalive_timeout seconds
         # after it opened (or after its previous response): that bounds slow headers (slowloris);
         # read_json_body bounds slow bodies with the same timeout, and the unread rest of a body is
@@ -77,14 +78,16 @@ class Server:
         task = self.app.get(START_TASK_KEY)
         if task is not None and not task.done():
             task.cancel()
-        await self.engine.shutdown(drain_timeout=drain)
+        if self.engine is not None:
+            await self.engine.shutdown(drain_timeout=drain)
         await self.runner.cleanup()
 
 
-async def serve(engine: AsyncEngine, settings: ServerSettings, on_listening=None) -> int:
+async def serve(engine: AsyncEngine | None, settings: ServerSettings, on_listening=None,
+                app: web.Application | None = None) -> int:
     """Serve until SIGINT/SIGTERM; returns an exit status (0 graceful, 1 engine failed to load).
-    Raises ListenError when the address cannot be bound."""
-    server = Server(engine, settings)
+    Raises ListenError when the address cannot be bound. `app` with engine None: the router."""
+    server = Server(engine, settings, app)
     try:
         await server.start()
     except OSError as exc:
@@ -102,15 +105,16 @@ async def serve(engine: AsyncEngine, settings: ServerSettings, on_listening=None
     waits = {stopper} | ({start} if start is not None else set())
     done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     status = 0
-    if start is not None and start in done and engine.state is EngineState.DEAD:
+    if start is not None and start in done and engine is not None and engine.state is EngineState.DEAD:
         log.error("%s", engine.error)
         status = 1
     else:
         if start in done:
             log.info("ready: model %s", settings.served_model_names[0])
             await stopper
-        log.info("shutting down: finishing %d in-flight request(s), at most %.0f s",
-                 engine.num_in_flight, settings.drain_timeout)
+        if engine is not None:
+            log.info("shutting down: finishing %d in-flight request(s), at most %.0f s",
+                     engine.num_in_flight, settings.drain_timeout)
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.remove_signal_handler(sig)
     stopper.cancel()
@@ -122,9 +126,10 @@ async def serve(engine: AsyncEngine, settings: ServerSettings, on_listening=None
 class BackgroundServer:
     """A server on its own event loop in a daemon thread. Blocks in start() until ready."""
 
-    def __init__(self, engine: AsyncEngine, settings: ServerSettings):
+    def __init__(self, engine: AsyncEngine | None, settings: ServerSettings, app: web.Application | None = None):
         self.engine = engine
         self.settings = settings
+        self.app = app
         self.loop = asyncio.new_event_loop()
         self.server: Server | None = None
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="ember-server")
@@ -138,7 +143,7 @@ class BackgroundServer:
         self._thread.start()
 
         async def boot():
-            self.server = Server(self.engine, self.settings)
+            self.server = Server(self.engine, self.settings, self.app)
             await self.server.start()
             if wait_ready:
                 await self.server.wait_ready()

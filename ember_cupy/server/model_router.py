@@ -1,0 +1,125 @@
+"""The HTTP face of a ModelPool: the one-model server's endpoints, each request handed to the
+application of the model its body names (loaded on demand), plus llama.cpp's router endpoints:
+GET /v1/models (every model, with its status), POST /models/load and /models/unload
+({"model": name}). /health answers for the router; /metrics joins the loaded models' series."""
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from ember_cupy.server.api import ServerSettings, base_app
+from ember_cupy.server.errors import APIError
+from ember_cupy.server.model_pool import ModelPool
+from ember_cupy.server.validation import read_json_body
+
+# the endpoints whose JSON body names the model
+MODEL_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/v1/messages",
+                "/v1/messages/count_tokens", "/tokenize", "/detokenize")
+POOL_KEY = web.AppKey("model_pool", ModelPool)
+
+
+def build_router_app(pool: ModelPool, settings: ServerSettings) -> web.Application:
+    app = base_app(settings)
+    app[POOL_KEY] = pool
+    router = _Router(pool)
+    for path in MODEL_ROUTES:
+        app.router.add_post(path, router.forward)
+    app.router.add_get("/v1/responses/{response_id}", router.stored_response)
+    app.router.add_get("/v1/models", router.models)
+    app.router.add_post("/models/load", router.load)
+    app.router.add_post("/models/unload", router.unload)
+    app.router.add_get("/health", router.health)
+    app.router.add_get("/metrics", router.metrics)
+    app.on_startup.append(_start)
+    app.on_cleanup.append(_stop)
+    return app
+
+
+async def _start(app: web.Application) -> None:
+    app[POOL_KEY].start_reaper()
+
+
+async def _stop(app: web.Application) -> None:
+    await app[POOL_KEY].close()
+
+
+class _Router:
+    def __init__(self, pool: ModelPool):
+        self.pool = pool
+        self.created = int(time.time())
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        body = await read_json_body(request)     # aiohttp keeps the bytes: the model's handler reads them again
+        name = body.get("model")
+        app = self.pool.acquire(name if isinstance(name, str) else None)
+        return await _handle(app, request)
+
+    async def stored_response(self, request: web.Request) -> web.StreamResponse:
+        """A stored response lives with the model that made it: the loaded ones are asked in turn."""
+        for model in self.pool.models.values():
+            if model.app is not None:
+                try:
+                    return await _handle(model.app, request)
+                except APIError as error:
+                    if error.status != 404:
+                        raise
+        raise APIError(404, f"no stored response {request.match_info['response_id']!r} in a loaded model",
+                       param="response_id", code="not_found")
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": self.pool.cards(self.created)})
+
+    async def load(self, request: web.Request) -> web.Response:
+        model = self.pool.model(await _model_name(request))
+        task = self.pool.start_load(model)
+        if task is not None:
+            await task
+        if model.status != "loaded":
+            raise APIError(500, f"the model {model.name!r} failed to load: {model.error}", code="model_load_failed")
+        return web.json_response({"success": True, "model": model.name, "status": model.status})
+
+    async def unload(self, request: web.Request) -> web.Response:
+        model = self.pool.model(await _model_name(request))
+        await self.pool.unload(model)
+        return web.json_response({"success": True, "model": model.name, "status": model.status})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ready", "models": {m.name: m.status for m in self.pool.models.values()}})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        texts = [m.engine.metrics.render().decode() for m in self.pool.models.values()
+                 if m.engine is not None and m.engine.metrics is not None]
+        return web.Response(body=join_expositions(texts).encode(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _model_name(request: web.Request) -> str:
+    name = (await read_json_body(request)).get("model")
+    if not isinstance(name, str):
+        raise APIError(400, "'model' (a string) is required", param="model", code="missing_required_parameter")
+    return name
+
+
+async def _handle(app: web.Application, request: web.Request) -> web.StreamResponse:
+    match = await app.router.resolve(request)
+    if match.http_exception is not None:
+        raise match.http_exception
+    return await match.handler(request)
+
+
+def join_expositions(texts: list[str]) -> str:
+    """Prometheus text of several registries as one: each family's HELP/TYPE once, its samples
+    from all (the models' series differ by their model_name label)."""
+    families: dict[str, list[str]] = {}
+    for text in texts:
+        current = None
+        for line in text.splitlines():
+            if line.startswith("# HELP ") or line.startswith("# TYPE "):
+                current = line.split()[2]
+                block = families.setdefault(current, [])
+                if line not in block:
+                    block.append(line)
+            elif line and current is not None:
+                families[current].append(line)
+    return "".join(line + "\n" for block in families.values() for line in block)
