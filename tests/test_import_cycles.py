@@ -86,3 +86,25 @@ def test_no_cycle_between_top_level_parts():
 
 def test_the_check_sees_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# What the HTTP layer may import of the rest of the package: the engine-client contract and the data
+# types a request is made of. async_engine (the in-process EngineClient) is the one server module that
+# holds an LLMEngine, and ember_cupy.info describes the process for /version before an engine is up.
+SERVER_MAY_IMPORT = ("ember_cupy.server", "ember_cupy.engine_client", "ember_cupy.sampling_params",
+                     "ember_cupy.outputs", "ember_cupy.engine.pooling", "ember_cupy.structured",
+                     "ember_cupy.tool_calls", "ember_cupy.tool_parsers", "ember_cupy.reasoning",
+                     "ember_cupy.chat_template", "ember_cupy.error_text", "ember_cupy.info")
+ENGINE_CLIENT_IMPLEMENTATIONS = {"ember_cupy.server.async_engine"}
+
+
+def _within(module: str, prefixes) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def test_the_server_talks_to_an_engine_only_through_the_client_contract():
+    graph = import_graph()
+    crossing = {module: sorted(t for t in targets if t != "ember_cupy" and not _within(t, SERVER_MAY_IMPORT))
+                for module, targets in graph.items()
+                if _within(module, ["ember_cupy.server"]) and module not in ENGINE_CLIENT_IMPLEMENTATIONS}
+    assert {m: t for m, t in crossing.items() if t} == {}

@@ -63,10 +63,7 @@ class LocalHandle:
     @property
     def info(self):
         async def info():
-            engine = self.replica.engine.engine
-            return {"config": engine.config, "model_config": engine.model_config,
-                    "max_model_len": self.replica.engine.max_model_len, "quantization": engine.runner.quantization,
-                    "weight_bytes": 0, "kv_cache_blocks": engine.block_manager.num_blocks}
+            return self.replica.info()
         return _Call(info, streaming=False)
 
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from types import SimpleNamespace
 
 from ray.exceptions import RayError
 
+from ember_cupy.engine_client import ModelInfo
 from ember_cupy.outputs import RequestOutput
 from ember_cupy.ray_serve.replica import ADMISSION_ERRORS, ADMITTED, REFUSED
 from ember_cupy.ray_serve.routing_key import RoutingKeys
@@ -84,9 +84,9 @@ class RemoteEngine:
         self.prepare_timeout = prepare_timeout
         self.state = EngineState.NEW
         self.error: str | None = None
-        self.engine = None        # a view of a replica's engine: config, model_config, runner
         self.tokenizer = None
         self.max_model_len = None
+        self._model_info: ModelInfo | None = None
         self.keys: RoutingKeys | None = None
         self._streams: set[RemoteStream] = set()
         self._small_text = PrepareWorkers("ember-text", slow=False)
@@ -102,11 +102,9 @@ class RemoteEngine:
         except Exception as exc:
             self.state, self.error = EngineState.DEAD, f"starting the ingress failed: {exc}"
             raise
-        self.engine = SimpleNamespace(config=info["config"], model_config=info["model_config"], runner=SimpleNamespace(
-            quantization=info["quantization"], num_blocks=info["kv_cache_blocks"],
-            model=SimpleNamespace(weight_bytes=lambda: info["weight_bytes"])))
-        self.max_model_len = info["max_model_len"]
-        self.keys = RoutingKeys(self.tokenizer, info["config"].block_size)
+        self._model_info = info["model_info"]
+        self.max_model_len = self._model_info.max_model_len
+        self.keys = RoutingKeys(self.tokenizer, self._model_info.block_size)
         self.state = EngineState.READY
 
     async def shutdown(self, drain_timeout: float = 0.0) -> None:
@@ -123,6 +121,10 @@ class RemoteEngine:
     @property
     def num_in_flight(self) -> int:
         return len(self._streams)
+
+    def model_info(self) -> ModelInfo:
+        """The replicas' model (they serve one), as the first replica asked at start described it."""
+        return self._model_info
 
     async def off_loop(self, fn, *args, work_chars: int = 0, **kwargs):
         """As AsyncEngine.off_loop (no max_waiting here: each replica sheds its own load)."""

@@ -71,13 +71,8 @@ class EngineReplica:
             stream.close()
 
     def info(self) -> dict:
-        """The engine's shape and state: the ingress's view of the engine, tests' probe."""
-        engine = self.engine.engine
-        runner = engine.runner
-        return {"config": engine.config, "model_config": engine.model_config,
-                "max_model_len": self.engine.max_model_len,
-                "quantization": runner.quantization, "weight_bytes": runner.model.weight_bytes(),
-                **self.record_routing_stats()}
+        """What the ingress needs of the engine: its model_info (the EngineClient contract's)."""
+        return {"model_info": self.engine.model_info()}
 
     def record_routing_stats(self) -> dict:
         """Serve polls this for the router (request_routing_stats_period_s): the engine's own queues."""

@@ -156,8 +156,10 @@ class _Handlers:
         return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def version(self, request: web.Request) -> web.Response:
+        if self.engine.is_ready:
+            return web.json_response(self.engine.model_info().runtime)
         from ember_cupy.info import runtime_info
-        return web.json_response(runtime_info(self.engine.engine))
+        return web.json_response(runtime_info())
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.json_response(openapi_spec(ember_cupy.__version__))

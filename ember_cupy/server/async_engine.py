@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from ember_cupy.engine_client import ModelInfo, model_info_of
 from ember_cupy.engine.pooling import PoolingParams
 from ember_cupy.outputs import DeltaAccumulator, OutputKind, RequestOutput
 from ember_cupy.sampling_params import SamplingParams
@@ -192,6 +193,7 @@ class AsyncEngine:
         self.prepare_timeout = prepare_timeout
         self.state = EngineState.NEW
         self.error: str | None = None
+        self._model_info: ModelInfo | None = None
         self._ops: deque[_Add | _Abort | _Stop] = deque()
         self._streams: dict[str, RequestStream] = {}
         self._trackers: dict[str, _Tracker] = {}
@@ -266,6 +268,12 @@ class AsyncEngine:
     @property
     def num_in_flight(self) -> int:
         return len(self._streams)
+
+    def model_info(self) -> ModelInfo:
+        """The engine's model and limits (fixed once loaded: computed once)."""
+        if self._model_info is None:
+            self._model_info = model_info_of(self.engine)
+        return self._model_info
 
     async def off_loop(self, fn, *args, work_chars: int = 0, **kwargs):
         """fn(*args, **kwargs) in a worker thread (tokenizing, chat templates) while the event loop

@@ -51,7 +51,7 @@ class EmbeddingsServing:
             "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})
 
     def _check_dimensions(self, dimensions: int | None) -> None:
-        size = self.engine.engine.model_config.hidden_size
+        size = self.engine.model_info().hidden_size
         if dimensions is not None and dimensions != size:
             raise APIError(400, f"'dimensions' {dimensions} is not supported: this model's embeddings have "
                                 f"{size} dimensions and cannot be shortened", param="dimensions",

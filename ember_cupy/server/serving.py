@@ -101,7 +101,7 @@ class OpenAIServing:
     def check_priority(self, req: GenerationRequest) -> None:
         """As vLLM: a priority means something only under the priority policy, so it is refused
         elsewhere rather than silently ignored."""
-        policy = getattr(getattr(self.engine.engine, "config", None), "policy", "priority")
+        policy = self.engine.model_info().policy
         if req.priority != 0 and policy != "priority":
             raise APIError(400, f"'priority' {req.priority} needs the server's priority scheduling policy "
                                 f"(--policy priority); it runs with '{policy}'", param="priority",
