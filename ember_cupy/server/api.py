@@ -1,4 +1,4 @@
-"""The aiohttp application: OpenAI-compatible routes plus health, metrics, tokenizer and docs."""
+"""The aiohttp application: OpenAI-compatible routes, Anthropic's /v1/messages, health, metrics, tokenizer and docs."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +13,7 @@ from ember_cupy.server.access_log import access_log_middleware
 from ember_cupy.server.async_engine import AsyncEngine, EngineOverloadedError, EngineState, PrepareTimeoutError
 from ember_cupy.server.embeddings import EmbeddingsServing
 from ember_cupy.server.errors import APIError, bad_request
+from ember_cupy.server.messages_api import MessagesServing
 from ember_cupy.server.metrics import CONTENT_TYPE_LATEST
 from ember_cupy.server.middleware import auth_middleware, cors_handlers, error_middleware
 from ember_cupy.server.openapi import openapi_spec
@@ -88,6 +89,9 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     app.router.add_post("/v1/responses", responses.create)
     app.router.add_get("/v1/responses/{response_id}", responses.retrieve)
     app.router.add_post("/v1/embeddings", EmbeddingsServing(serving).embeddings)
+    messages = MessagesServing(serving)
+    app.router.add_post("/v1/messages", messages.create)
+    app.router.add_post("/v1/messages/count_tokens", messages.count_tokens)
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_get("/v1/models/{model}", handlers.model)
     app.router.add_get("/health", handlers.health)

@@ -45,8 +45,9 @@ class APIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> web.Response:
-        response = web.Response(status=self.status, text=json.dumps(self.body()),
+    def response(self, body: dict | None = None) -> web.Response:
+        """The error as an HTTP response; `body` instead of OpenAI's (another API's shape)."""
+        response = web.Response(status=self.status, text=json.dumps(self.body() if body is None else body),
                                 content_type="application/json", headers=self.headers)
         if self.close:
             response.force_close()

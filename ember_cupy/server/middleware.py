@@ -1,4 +1,4 @@
-"""aiohttp middlewares: OpenAI-shaped errors, bearer-token auth, opt-in CORS."""
+"""aiohttp middlewares: OpenAI-shaped errors (Anthropic's on /v1/messages), API-key auth, opt-in CORS."""
 from __future__ import annotations
 
 import asyncio
@@ -7,11 +7,12 @@ import logging
 
 from aiohttp import web
 
+from ember_cupy.server import anthropic_errors
 from ember_cupy.server.errors import APIError, bad_request, from_http_exception
 
 log = logging.getLogger("ember_cupy.server")
 
-# With an API key these need "Authorization: Bearer <key>"; every other route (/health,
+# With an API key these need "Authorization: Bearer <key>" (or Anthropic's "x-api-key: <key>"); every other route (/health,
 # /metrics, /version, /openapi.json, the / and /docs pages: probes, scrapers, docs) stays
 # public. cli.py's --api-key help and README.md list both.
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
@@ -23,20 +24,26 @@ def error_middleware():
         try:
             return await handler(request)
         except APIError as exc:
-            return exc.response()
+            return _response(request, exc)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return from_http_exception(exc).response()
+            return _response(request, from_http_exception(exc))
         except (asyncio.CancelledError, ConnectionError):
             raise
         except RecursionError:   # nested input that slipped past the body's depth check
             log.warning("recursion limit hit in %s %s", request.method, request.path)
-            return bad_request("request is nested too deeply", code="invalid_json").response()
+            return _response(request, bad_request("request is nested too deeply", code="invalid_json"))
         except Exception:
             log.exception("unhandled error in %s %s", request.method, request.path)
-            return APIError(500, "internal server error", code="internal_error").response()
+            return _response(request, APIError(500, "internal server error", code="internal_error"))
     return errors
+
+
+def _response(request: web.Request, error: APIError) -> web.Response:
+    if anthropic_errors.speaks_anthropic(request.path):
+        return error.response(anthropic_errors.error_body(error))
+    return error.response()
 
 
 def _bearer_token(header: str) -> bytes | None:
@@ -54,9 +61,14 @@ def auth_middleware(api_key: str):
     async def auth(request: web.Request, handler):
         if request.method != "OPTIONS" and request.path.startswith(PROTECTED_PREFIXES):
             header = request.headers.get("Authorization", "")
-            token = _bearer_token(header)
+            api_key = request.headers.get("x-api-key")   # Anthropic's header: its SDK sends only this
+            if header:
+                token = _bearer_token(header)
+            else:
+                token = api_key.encode("utf-8", "surrogateescape") if api_key is not None else None
             if token is None or not hmac.compare_digest(token, expected):
-                message = ("missing Authorization header: expected 'Bearer <api key>'" if not header
+                message = ("missing API key: expected 'Authorization: Bearer <api key>' or 'x-api-key: <api key>'"
+                           if not header and api_key is None
                            else "the Authorization header must be 'Bearer <api key>'" if token is None
                            else "invalid API key")
                 raise APIError(401, message, code="invalid_api_key",

@@ -7,7 +7,9 @@ import re
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
+from ember_cupy.server.anthropic_errors import speaks_anthropic
 from ember_cupy.server.middleware import PROTECTED_PREFIXES
+from ember_cupy.server.protocol import anthropic as AN
 from ember_cupy.server.protocol import embeddings as E
 from ember_cupy.server.protocol import requests as Q
 from ember_cupy.server.protocol import responses as A
@@ -17,6 +19,7 @@ REF = "#/components/schemas/{model}"
 ERRORS = {400: "Bad request: `param` names the field", 401: "Missing or wrong API key",
           404: "Unknown model", 413: "Body too large", 415: "Content-Type is not application/json",
           503: "Loading, dead, or overloaded (Retry-After)"}
+ANTHROPIC_ERRORS = {**ERRORS, 400: "Bad request: the message names the field"}
 HTML, TEXT = "text/html", "text/plain"   # the responses that are no JSON: their media type
 # method, path, summary, request model, response model (or a media type), error statuses
 ROUTES = [
@@ -26,6 +29,10 @@ ROUTES = [
     ("post", "/v1/responses", "OpenAI Responses API (stream=true: typed response.* events)", RA.ResponsesRequest,
      RA.ResponseObject, (400, 401, 404, 413, 415, 503)),
     ("get", "/v1/responses/{response_id}", "A stored response", None, RA.ResponseObject, (401, 404)),
+    ("post", "/v1/messages", "Anthropic Messages API (stream=true: Anthropic's message_start ... message_stop "
+     "events); errors in Anthropic's shape", AN.MessagesRequest, AN.MessageResponse, (400, 401, 404, 413, 415, 503)),
+    ("post", "/v1/messages/count_tokens", "The prompt tokens of a /v1/messages request with these fields",
+     AN.CountTokensRequest, AN.CountTokensResponse, (400, 401, 404, 413, 415, 503)),
     ("post", "/v1/embeddings", f"Embeddings of the inputs. {E.POOLING_DESCRIPTION}", E.EmbeddingRequest,
      E.EmbeddingResponse, (400, 401, 404, 413, 415, 503)),
     ("get", "/v1/models", "The served models", None, A.ModelList, (401,)),
@@ -57,7 +64,7 @@ class _NoTitles(GenerateJsonSchema):
 
 
 def _models() -> list[type[BaseModel]]:
-    found = {A.ErrorResponse, A.ChatCompletionChunk}
+    found = {A.ErrorResponse, A.ChatCompletionChunk, AN.AnthropicErrorResponse}
     for *_, request, response, _ in ROUTES:
         found.update(m for m in (request, response) if isinstance(m, type) and issubclass(m, BaseModel))
     return sorted(found, key=lambda m: m.__name__)
@@ -90,10 +97,12 @@ def _operation(path: str, summary: str, request, response, errors) -> dict:
         ok.update(_json(_ref(response)))
     else:
         ok.update(_json(_ref(response)))
+    error, described = (AN.AnthropicErrorResponse, ANTHROPIC_ERRORS) if speaks_anthropic(path) \
+        else (A.ErrorResponse, ERRORS)
     operation = {"summary": summary, "responses": {
-        "200": ok, **{str(s): {"description": ERRORS[s], **_json(_ref(A.ErrorResponse))} for s in errors}}}
-    if path.startswith(PROTECTED_PREFIXES):   # a bearer key when the server runs with --api-key
-        operation["security"] = [{"bearer": []}, {}]
+        "200": ok, **{str(s): {"description": described[s], **_json(_ref(error))} for s in errors}}}
+    if path.startswith(PROTECTED_PREFIXES):   # a key when the server runs with --api-key
+        operation["security"] = [{"bearer": []}, {"apiKey": []}, {}]
     if request is not None:
         operation["requestBody"] = {"required": True, **_json(_ref(request))}
     parameters = [{"name": name, "in": "path", "required": True, "description": PATH_PARAMETERS[name],
@@ -115,6 +124,8 @@ def openapi_spec(version: str) -> dict:
                        "securitySchemes": {"bearer": {
                            "type": "http", "scheme": "bearer",
                            "description": "Required by the operations that list it when the server runs "
-                                          "with --api-key; the others are always public."}}},
+                                          "with --api-key; the others are always public."},
+                           "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key",
+                                      "description": "The same key as Anthropic's clients send it."}}},
         "paths": paths,
     }

@@ -142,7 +142,7 @@ def test_the_api_key_guards_exactly_the_operations_the_spec_and_the_help_name(sp
     guarded, public = set(), set()
     for path, item in spec["paths"].items():
         for method, operation in item.items():
-            is_guarded = operation.get("security") == [{"bearer": []}, {}]
+            is_guarded = operation.get("security") == [{"bearer": []}, {"apiKey": []}, {}]
             assert (_unauthenticated(keyed, method, path) == 401) is is_guarded, (method, path)
             assert ("401" in operation["responses"]) is is_guarded, (method, path)
             (guarded if is_guarded else public).add("/v1/*" if path.startswith("/v1/") else path)
