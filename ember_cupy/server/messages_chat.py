@@ -6,7 +6,7 @@ message; an assistant message's text -> its content, its tool_use blocks -> its 
 (thinking blocks are left out, as chat templates leave out earlier reasoning); `tools`
 ({name, description, input_schema}) -> function tools; `tool_choice` auto / any / tool / none ->
 "auto" / "required" / the named function / "none", disable_parallel_tool_use -> parallel_tool_calls
-false; stop_sequences -> stop. OpenAIServing.prepare_chat then builds the prompt, sampling params and
+false; stop_sequences -> stop; output_config.format (a JSON schema) -> response_format. OpenAIServing.prepare_chat then builds the prompt, sampling params and
 output constraint (a forced tool's input held to its schema) exactly as for /v1/chat/completions.
 The other way: a reply's text, reasoning and tool calls -> content blocks, its finish -> stop_reason.
 """
@@ -37,6 +37,10 @@ def chat_body(req: CountTokensRequest) -> dict:
         body["tools"] = [{"type": "function", "function": {
             "name": t.name, "description": t.description or "", "parameters": t.input_schema}} for t in req.tools]
     body.update(_tool_choice(req))
+    output_format = req.output_config.format if req.output_config is not None else None
+    if output_format is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output",
+                                                                          "schema": output_format.json_schema}}
     if isinstance(req, MessagesRequest):
         body.update(max_tokens=req.max_tokens, temperature=req.temperature, stop=req.stop_sequences,
                     top_p=req.top_p, top_k=req.top_k)

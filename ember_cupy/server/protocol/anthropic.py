@@ -138,6 +138,18 @@ AnthropicToolChoice = Annotated[ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool 
                                 Field(discriminator="type")]
 
 
+class JsonOutputFormat(ProtocolModel):
+    type: Literal["json_schema"]
+    json_schema: dict[str, Any] = Field(alias="schema", description="The JSON Schema the text must follow.",
+                                        examples=[{"type": "object", "properties": {"answer": {"type": "string"}}}])
+
+
+class OutputConfig(ProtocolModel):
+    format: JsonOutputFormat | None = Field(None, description="Structured output: the reply's text is held to "
+                                                              "the schema.")
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = Field(None, description=IGNORED)
+
+
 class AnthropicMetadata(ProtocolModel):
     user_id: str | None = Field(None, max_length=256, description=IGNORED, examples=["user-1"])
 
@@ -153,9 +165,12 @@ class CountTokensRequest(ProtocolModel):
                                   examples=["Be brief."])
     tools: list[AnthropicTool] | None = Field(None, description="Tools the model may call.")
     tool_choice: AnthropicToolChoice | None = Field(None, examples=[{"type": "auto"}])
+    output_config: OutputConfig | None = Field(None, examples=[{"format": {"type": "json_schema", "schema": {
+        "type": "object"}}}])
     thinking: dict[str, Any] | None = Field(
         None, description=IGNORED + " A --reasoning-parser server splits the thinking of models that think.",
         examples=[{"type": "enabled", "budget_tokens": 1024}])
+    cache_control: dict[str, Any] | None = CACHE_CONTROL
 
 
 class MessagesRequest(CountTokensRequest):
