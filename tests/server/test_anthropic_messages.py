@@ -185,8 +185,8 @@ def test_count_tokens_is_the_prompt_the_message_uses(claude, spec, base_url):
 def test_output_config_holds_the_text_to_a_json_schema(claude):
     schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 12}},
               "required": ["capital"], "additionalProperties": False}
-    message = create(claude, messages=ASK, max_tokens=30,
-                     output_config={"format": {"type": "json_schema", "schema": schema}})
+    message = create(claude, messages=ASK, max_tokens=30, extra_body={
+        **GREEDY, "output_config": {"format": {"type": "json_schema", "schema": schema}}})
     jsonschema.validate(json.loads(message.content[0].text), schema)
 
 
