@@ -1,5 +1,6 @@
-"""Bad input of every kind gets a 4xx with {"error": {message, type, param, code}}: never a 500,
-never a hang, never a leaked KV block."""
+"""Bad input of every kind gets a 4xx with {"error": {message, type, param, code}} (on /v1/messages
+Anthropic's {"type": "error", "error": {type, message}}, the message naming the field): never a
+500, never a hang, never a leaked KV block."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import pytest
 from server_helpers import BODY_LIMIT, MAX_MODEL_LEN, MODEL, http, metric
 
 C, CH, R, E = "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings"
+M, CT = "/v1/messages", "/v1/messages/count_tokens"
 MSG = [{"role": "user", "content": "hi"}]
 
 
@@ -190,6 +192,21 @@ CASES = [
     ("embeddings-deep-json", "POST", E, deep(5000, b"input"), JSON, 400, None),
     ("embeddings-missing-input", "POST", E, {"model": MODEL}, {}, 400, "input"),
     ("embeddings-surrogate-input", "POST", E, {"model": MODEL, "input": SURROGATE}, {}, 400, "input"),
+    # Anthropic's Messages API
+    ("messages-malformed-json", "POST", M, b'{"messages": ', JSON, 400, None),
+    ("messages-deep-json", "POST", M, deep(5000, b"messages"), JSON, 400, None),
+    ("messages-wrong-content-type", "POST", M, json.dumps(chat()).encode(), {"Content-Type": "text/plain"}, 415, None),
+    ("messages-missing-max-tokens", "POST", M, {"model": MODEL, "messages": MSG}, {}, 400, "max_tokens"),
+    ("messages-unknown-field", "POST", M, chat(temprature=1), {}, 400, "temprature"),
+    ("messages-unknown-model", "POST", M, chat(model="gpt-9"), {}, 404, "gpt-9"),
+    ("messages-image-block", "POST", M, chat(messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]}]), {}, 400, "messages[0].content[0]"),
+    ("messages-tool-use-from-user", "POST", M, chat(messages=[{"role": "user", "content": [
+        {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]), {}, 400, "messages[0]"),
+    ("messages-surrogate", "POST", M, chat(messages=[{"role": "user", "content": SURROGATE}]), {}, 400, "messages"),
+    ("messages-too-long", "POST", M, chat(messages=[{"role": "user", "content": LONG_PROMPT}]), {}, 400, None),
+    ("count-tokens-malformed-json", "POST", CT, b'{"messages": ', JSON, 400, None),
+    ("count-tokens-missing-messages", "POST", CT, {"model": MODEL}, {}, 400, "messages"),
 ]
 
 
@@ -199,6 +216,12 @@ def test_bad_input(base_url, case):
     got, response_headers, raw = http(base_url, method, path, body, headers, timeout=30)
     assert got == status, raw
     assert response_headers.get("Content-Type", "").startswith("application/json")
+    if path.startswith(M):
+        body = json.loads(raw)
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+        assert body["error"]["type"] == ("not_found_error" if status == 404 else "invalid_request_error"), body
+        assert param is None or param in body["error"]["message"], body
+        return
     error = json.loads(raw)["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert isinstance(error["message"], str) and error["message"]
