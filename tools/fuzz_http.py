@@ -3,10 +3,11 @@
 
 - no 5xx, no timeout (a hang), no dropped connection;
 - the spec: a documented status code, content type, headers and a body matching its schema;
-- errors (>= 400) as OpenAI's JSON `{"error": {"message", "type", "param", "code"}}`;
+- errors (>= 400) as OpenAI's JSON `{"error": {"message", "type", "param", "code"}}` (on /v1/messages
+  Anthropic's `{"type": "error", "error": {"type", "message"}}`);
 - a 200 event stream (stream=true) of well-formed events: chat / completion chunks ending with
   one `data: [DONE]`; Responses API events numbered in order, ending with one terminal event,
-  each finished text equal to its deltas;
+  each finished text equal to its deltas; Anthropic's message_start ... message_stop;
 
 and, after the last case, the engine idle with every KV block free (GET /metrics), and (for a
 server it spawned) no ERROR or traceback in the server's log.
@@ -334,7 +335,7 @@ class Checker:
         except FailureGroup as group:
             problems += [f"{f.title}: {f.message}".strip() for f in group.exceptions]
         if response.status_code >= 400:
-            problem = error_body_problem(response.content)
+            problem = error_body_problem(response.content, case.operation.path)
             if problem:
                 problems.append(problem)
         elif _is_event_stream(response):

@@ -1,5 +1,5 @@
-"""What the HTTP tools (fuzz_http.py, soak.py) hold every response to: OpenAI's error shape and a
-well-formed server-sent-event stream. Each check returns a problem in words, or None."""
+"""What the HTTP tools (fuzz_http.py, soak.py) hold every response to: OpenAI's error shape (Anthropic's
+on /v1/messages) and a well-formed server-sent-event stream. Each check returns a problem in words, or None."""
 from __future__ import annotations
 
 import json
@@ -7,6 +7,7 @@ import json
 DONE = "[DONE]"
 RESPONSES_TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 _SERVER_ERROR_TYPES = {"server_error", "internal_error", "internal_server_error"}
+ANTHROPIC_PREFIX = "/v1/messages"     # its routes answer in Anthropic's shapes
 
 
 def error_problem(body) -> str | None:
@@ -28,13 +29,24 @@ def error_problem(body) -> str | None:
     return None
 
 
-def error_body_problem(raw: bytes) -> str | None:
-    """error_problem() of a response body that should be a JSON error."""
+def anthropic_error_problem(body) -> str | None:
+    """`{"type": "error", "error": {"type": str, "message": str}}`."""
+    if not isinstance(body, dict) or body.get("type") != "error" or not isinstance(body.get("error"), dict):
+        return "not an Anthropic error: no type 'error' with an 'error' object"
+    for key in ("type", "message"):
+        if not isinstance(body["error"].get(key), str) or not body["error"][key]:
+            return f"Anthropic error whose '{key}' is not a non-empty string"
+    return None
+
+
+def error_body_problem(raw: bytes, path: str = "") -> str | None:
+    """error_problem() (anthropic_error_problem() on Anthropic's routes) of a response body that
+    should be a JSON error."""
     try:
         body = json.loads(raw)
     except ValueError:
         return f"error body is not JSON: {raw[:120]!r}"
-    return error_problem(body)
+    return anthropic_error_problem(body) if path.startswith(ANTHROPIC_PREFIX) else error_problem(body)
 
 
 def sse_data(text: str) -> list[str]:
@@ -112,9 +124,36 @@ def _responses_stream_problem(events: list[dict]) -> str | None:
     return None
 
 
+def _messages_stream_problem(events: list[dict]) -> str | None:
+    """Anthropic's events: message_start first; content blocks started, delta'd and stopped in
+    index order; then message_delta and message_stop, the last (or an error event, the last)."""
+    kinds = [event.get("type") for event in events]
+    if kinds[-1] == "error":
+        problem = anthropic_error_problem(events[-1])
+        if problem or events[-1]["error"]["type"] not in ("api_error", "overloaded_error"):
+            return f"Anthropic stream error event: {problem or events[-1]['error']}"
+        kinds = kinds[:-1]
+    elif kinds[-2:] != ["message_delta", "message_stop"] or kinds.count("message_stop") != 1:
+        return f"Anthropic stream should end with message_delta, message_stop; has {kinds[-3:]}"
+    open_index, next_index = None, 0
+    for event in events[1:len(kinds)]:
+        kind, index = event.get("type"), event.get("index")
+        if kind == "content_block_start":
+            if open_index is not None or index != next_index:
+                return f"content_block_start {index} while block {open_index} is open (next: {next_index})"
+            open_index, next_index = index, index + 1
+        elif kind in ("content_block_delta", "content_block_stop"):
+            if index != open_index:
+                return f"{kind} for block {index}, but the open block is {open_index}"
+            open_index = None if kind == "content_block_stop" else open_index
+        elif kind not in ("ping", "message_delta", "message_stop"):
+            return f"unexpected Anthropic stream event {kind!r}"
+    return None
+
+
 def stream_problem(text: str) -> str | None:
-    """A whole event stream, in the chat / completion format or the Responses API's (typed
-    events, no [DONE])."""
+    """A whole event stream, in the chat / completion format, the Responses API's (typed
+    events, no [DONE]) or Anthropic's (message_start ... message_stop)."""
     events = sse_data(text)
     if not events:
         return "empty event stream"
@@ -124,6 +163,8 @@ def stream_problem(text: str) -> str | None:
             parsed.append(json.loads(data) if data != DONE else None)
         except ValueError:
             return f"stream event is not JSON: {data[:120]!r}"
+    if isinstance(parsed[0], dict) and parsed[0].get("type") == "message_start":
+        return _messages_stream_problem([e for e in parsed if e is not None])
     if isinstance(parsed[0], dict) and "type" in parsed[0] and "choices" not in parsed[0]:
         return _responses_stream_problem([e for e in parsed if e is not None])   # a [DONE] is harmless
     return _completion_stream_problem(events)

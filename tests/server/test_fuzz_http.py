@@ -72,3 +72,24 @@ def test_responses_stream_check():
     assert stream_problem(_responses_stream("Hello")) is None
     assert "differs from its deltas" in stream_problem(_responses_stream("ello"))
     assert "should end with one of" in stream_problem(_responses_stream("Hello", terminal="response.output_item.done"))
+
+
+def _messages_stream(*kinds_and_indices) -> str:
+    events = [{"type": kind, **({"index": index} if index is not None else {})} for kind, index in kinds_and_indices]
+    return "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
+
+
+def test_messages_stream_and_error_checks():
+    from openai_shapes import error_body_problem, stream_problem
+    whole = [("message_start", None), ("content_block_start", 0), ("ping", None), ("content_block_delta", 0),
+             ("content_block_stop", 0), ("content_block_start", 1), ("content_block_delta", 1),
+             ("content_block_stop", 1), ("message_delta", None), ("message_stop", None)]
+    assert stream_problem(_messages_stream(*whole)) is None
+    assert "should end with message_delta" in stream_problem(_messages_stream(*whole[:-1]))
+    assert "block 0, but the open block is 1" in stream_problem(_messages_stream(*whole[:6], ("content_block_delta", 0), *whole[7:]))
+    assert "while block 0 is open" in stream_problem(_messages_stream(*whole[:4], *whole[5:]))
+    anthropic = json.dumps({"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}}).encode()
+    openai = json.dumps({"error": {"message": "bad", "type": "invalid_request_error", "param": None, "code": None}})
+    assert error_body_problem(anthropic, "/v1/messages") is None
+    assert error_body_problem(openai.encode(), "/v1/messages/count_tokens").startswith("not an Anthropic error")
+    assert error_body_problem(anthropic, "/v1/chat/completions").startswith("not an OpenAI error")
