@@ -92,4 +92,4 @@ def test_messages_stream_and_error_checks():
     openai = json.dumps({"error": {"message": "bad", "type": "invalid_request_error", "param": None, "code": None}})
     assert error_body_problem(anthropic, "/v1/messages") is None
     assert error_body_problem(openai.encode(), "/v1/messages/count_tokens").startswith("not an Anthropic error")
-    assert error_body_problem(anthropic, "/v1/chat/completions").startswith("not an OpenAI error")
+    assert error_body_problem(anthropic, "/v1/chat/completions") == "OpenAI error without param, code"
