@@ -122,5 +122,14 @@ def engine_config(args) -> EngineConfig:
                         max_waiting=args.max_waiting, dtype=args.dtype,
                         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
                         activation_passes=args.activation_passes, second_pass_threshold=args.second_pass_threshold,
-                        gpu_memory_utilization=args.gpu_memory_utilization, deterministic=args.deterministic)
+                        gpu_memory_utilization=args.gpu_memory_utilization, deterministic=args.deterministic,
+                        **_serve_only(args))
+
+
+def _serve_only(args) -> dict:
+    """The engine fields only `serve` has flags for (vLLM's; generate and chat seed each request)."""
+    if args.command != "serve":
+        return {}
+    return {"seed": args.seed, "chat_template": args.chat_template, "generation_config": args.generation_config,
+            "override_generation_config": args.override_generation_config}
 

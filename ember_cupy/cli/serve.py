@@ -8,6 +8,7 @@ import os
 
 from ember_cupy.cli.flags import engine_config
 from ember_cupy.cli.loading import check_dtype, load_engine
+from ember_cupy.cli.vllm_flags import check_generation_config, check_vllm_flags
 
 
 def served_names(args) -> list[str]:
@@ -32,10 +33,11 @@ def check_serve_args(args) -> None:
         raise ValueError(f"--max-prompt-tokens-per-request must be >= 1, got {args.max_prompt_tokens_per_request}")
     if not args.prepare_timeout > 0:
         raise ValueError(f"--prepare-timeout must be > 0 seconds, got {args.prepare_timeout}")
+    check_vllm_flags(args)
     if args.models_dir is not None:
         _check_router_args(args)
     else:
-        resolve_model_path(args.model)
+        check_generation_config(args, resolve_model_path(args.model))
     engine_config(args)
     check_dtype(args)
     check_can_listen(args.host, args.port)
@@ -67,7 +69,7 @@ def server_settings(args, served_model_names: list[str] | None = None):
                           read_timeout=args.read_timeout, response_store_bytes=args.response_store_bytes,
                           max_prompt_tokens_per_request=args.max_prompt_tokens_per_request,
                           model_path=args.model, reasoning_parser=args.reasoning_parser,
-                          tool_call_parser=args.tool_call_parser)
+                          tool_call_parser=args.tool_call_parser, max_logprobs=args.max_logprobs)
 
 
 def cmd_serve(args) -> int:

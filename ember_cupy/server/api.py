@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 import ember_cupy
+from ember_cupy.sampling_params import MAX_LOGPROBS
 from ember_cupy.server.access_log import access_log_middleware
 from ember_cupy.server.async_engine import AsyncEngine, EngineOverloadedError, EngineState, PrepareTimeoutError
 from ember_cupy.server.embeddings import EmbeddingsServing
@@ -55,6 +56,7 @@ class ServerSettings:
     max_prompt_tokens_per_request: int = DEFAULT_MAX_PROMPT_TOKENS_PER_REQUEST
     reasoning_parser: str | None = None   # deepseek_r1 | qwen3 (ember_cupy/reasoning.py)
     tool_call_parser: str | None = None   # a family's call format for tool_choice auto (tool_parsers.py)
+    max_logprobs: int = MAX_LOGPROBS      # vLLM's --max-logprobs: most top logprobs a request may ask
 
 
 def base_app(settings: ServerSettings) -> web.Application:
@@ -78,7 +80,8 @@ def base_app(settings: ServerSettings) -> web.Application:
 def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     app = base_app(settings)
     serving = OpenAIServing(engine, settings.served_model_names, settings.max_prompt_tokens_per_request,
-                            OutputParsers.named(settings.reasoning_parser, settings.tool_call_parser))
+                            OutputParsers.named(settings.reasoning_parser, settings.tool_call_parser),
+                            max_logprobs=settings.max_logprobs)
     app[ENGINE_KEY] = engine
     app[SERVING_KEY] = serving
     handlers = _Handlers(engine, serving, settings)
