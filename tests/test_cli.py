@@ -262,3 +262,9 @@ def test_parser_flags_reach_the_server_settings(monkeypatch):
     settings = cli.server_settings(args)
     assert (settings.reasoning_parser, settings.tool_call_parser) == ("qwen3", "llama3_json")
     assert _cli("serve", "--reasoning-parser", "nope").returncode == 2
+
+
+def test_serve_a_folder_without_config_json_is_one_line(tmp_path):
+    done = _cli("serve", str(tmp_path), "--port", str(_free_port()))
+    assert done.returncode == 2 and "has no config.json" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
