@@ -12,9 +12,9 @@ from ember_cupy.server.errors import APIError, bad_request, from_http_exception
 
 log = logging.getLogger("ember_cupy.server")
 
-# With an API key these need "Authorization: Bearer <key>" (or Anthropic's "x-api-key: <key>"); every other route (/health,
-# /metrics, /version, /openapi.json, the / and /docs pages: probes, scrapers, docs) stays
-# public. cli.py's --api-key help and README.md list both.
+# With an API key these need "Authorization: Bearer <key>" or Anthropic's "x-api-key: <key>"; every
+# other route (/health, /metrics, /version, /openapi.json, the / and /docs pages: probes, scrapers,
+# docs) stays public. cli/serve_flags.py's --api-key help and README.md list both.
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
 

@@ -180,7 +180,8 @@ class MessagesRequest(CountTokensRequest):
     max_tokens: Integer = Field(ge=1, description="Tokens to generate at most.", examples=[4])
     stop_sequences: StopList | None = Field(None, description="Strings that end the text (not included in it).",
                                             examples=[["\n\n"]])
-    temperature: float = Field(1.0, ge=0, le=1, description="0 = greedy.")
+    temperature: float | None = Field(None, ge=0, le=1, description="0 = greedy; left out: the model's "
+                                      "default (--generation-config), else 1.", examples=[0.7])
     top_p: float | None = Field(None, gt=0, le=1, examples=[0.9])
     top_k: Integer | None = Field(None, ge=0, description="0 = no top-k.", examples=[40])
     stream: bool = Field(False, description="Reply as Anthropic's server-sent events (message_start ... "
