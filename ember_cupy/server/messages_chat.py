@@ -49,9 +49,9 @@ def chat_body(req: CountTokensRequest) -> dict:
 
 def _tool_choice(req: CountTokensRequest) -> dict:
     choice = req.tool_choice
-    if choice is None:
+    if choice is None or not req.tools and choice.type in ("auto", "none"):
         return {}
-    if choice.type != "none" and not req.tools:
+    if not req.tools:
         raise bad_request(f"tool_choice {{\"type\": \"{choice.type}\"}} needs a non-empty 'tools' list",
                           param="tool_choice")
     fields = {"tool_choice": _TOOL_CHOICES.get(choice.type) or {"type": "function", "function": {"name": choice.name}}}

@@ -260,3 +260,17 @@ def test_thinking_comes_in_a_thinking_block_whole_and_streamed(thinking_server):
     assert thought == reply.reasoning_content
     assert [b.model_dump(exclude_none=True) for b in final.content] == [
         b.model_dump(exclude_none=True) for b in message.content]
+
+
+@pytest.mark.parametrize("path,model", [("/v1/messages", "MessagesRequest"),
+                                        ("/v1/messages/count_tokens", "CountTokensRequest")])
+def test_every_documented_field_is_accepted_and_no_other(spec, base_url, path, model):
+    from test_openapi_spec import request_with
+    schema = spec["components"]["schemas"][model]
+    bodies = [request_with(spec, schema, list(schema["properties"]), everything=True)]
+    bodies += [request_with(spec, schema, [name]) for name in schema["properties"]]
+    for body in bodies:
+        status, _, raw = http(base_url, "POST", path, body)
+        assert status == 200, (body, raw[:300])
+    status, _, raw = http(base_url, "POST", path, {**request_with(spec, schema, []), "temprature": 1})
+    assert status == 400 and "temprature" in json.loads(raw)["error"]["message"]

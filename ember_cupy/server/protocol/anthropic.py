@@ -164,7 +164,8 @@ class CountTokensRequest(ProtocolModel):
     system: System | None = Field(None, description="A system prompt before the messages.",
                                   examples=["Be brief."])
     tools: list[AnthropicTool] | None = Field(None, description="Tools the model may call.")
-    tool_choice: AnthropicToolChoice | None = Field(None, examples=[{"type": "auto"}])
+    tool_choice: AnthropicToolChoice | None = Field(None, description="auto (the default with tools), any, tool "
+                                                    "or none; any and tool need tools.", examples=[{"type": "none"}])
     output_config: OutputConfig | None = Field(None, examples=[{"format": {"type": "json_schema", "schema": {
         "type": "object"}}}])
     thinking: dict[str, Any] | None = Field(
