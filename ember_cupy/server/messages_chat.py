@@ -6,8 +6,9 @@ message; an assistant message's text -> its content, its tool_use blocks -> its 
 (thinking blocks are left out, as chat templates leave out earlier reasoning); `tools`
 ({name, description, input_schema}) -> function tools; `tool_choice` auto / any / tool / none ->
 "auto" / "required" / the named function / "none", disable_parallel_tool_use -> parallel_tool_calls
-false; stop_sequences -> stop; output_config.format (a JSON schema) -> response_format. OpenAIServing.prepare_chat then builds the prompt, sampling params and
-output constraint (a forced tool's input held to its schema) exactly as for /v1/chat/completions.
+false; stop_sequences -> stop; output_config.format (a JSON schema) -> response_format.
+OpenAIServing.prepare_chat then builds the prompt, sampling params and output constraint (a forced
+tool's input held to its schema) exactly as for /v1/chat/completions.
 The other way: a reply's text, reasoning and tool calls -> content blocks, its finish -> stop_reason.
 """
 from __future__ import annotations

@@ -125,7 +125,8 @@ def test_system_blocks_and_turns_make_the_chat_prompt(claude, client):
     message = create(claude, system=[{"type": "text", "text": "Be brief."}, {"type": "text", "text": " Be kind."}],
                      messages=turns)
     reply = chat(client, [{"role": "system", "content": "Be brief. Be kind."}, turns[0],
-                          {"role": "assistant", "content": "Hello Ada!"}, {"role": "user", "content": "What is my name?"}])
+                          {"role": "assistant", "content": "Hello Ada!"},
+                          {"role": "user", "content": "What is my name?"}])
     assert message.usage.input_tokens == reply.usage.prompt_tokens
     assert message.content[0].text == reply.choices[0].message.content
     as_string = claude.messages.count_tokens(model=MODEL, system="Be brief. Be kind.", messages=turns)
@@ -156,8 +157,8 @@ def test_a_tool_result_goes_back_as_chat_tool_messages(claude, client):
     message = create(claude, tools=[WEATHER], messages=[
         question, {"role": "assistant", "content": [block.model_dump(exclude_none=True)]},
         {"role": "user", "content": [result, {"type": "text", "text": "Is that warm?"}]}])
-    reply = chat(client, [question, {"role": "assistant", "tool_calls": [{"id": block.id, "type": "function", "function": {
-        "name": block.name, "arguments": json.dumps(block.input)}}]},
+    call = {"id": block.id, "type": "function", "function": {"name": block.name, "arguments": json.dumps(block.input)}}
+    reply = chat(client, [question, {"role": "assistant", "tool_calls": [call]},
         {"role": "tool", "tool_call_id": block.id, "content": "21 C, sunny"},
         {"role": "user", "content": "Is that warm?"}], tools=[CHAT_WEATHER])
     assert message.usage.input_tokens == reply.usage.prompt_tokens

@@ -86,7 +86,8 @@ def test_messages_stream_and_error_checks():
              ("content_block_stop", 1), ("message_delta", None), ("message_stop", None)]
     assert stream_problem(_messages_stream(*whole)) is None
     assert "should end with message_delta" in stream_problem(_messages_stream(*whole[:-1]))
-    assert "block 0, but the open block is 1" in stream_problem(_messages_stream(*whole[:6], ("content_block_delta", 0), *whole[7:]))
+    misplaced = _messages_stream(*whole[:6], ("content_block_delta", 0), *whole[7:])
+    assert "block 0, but the open block is 1" in stream_problem(misplaced)
     assert "while block 0 is open" in stream_problem(_messages_stream(*whole[:4], *whole[5:]))
     anthropic = json.dumps({"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}}).encode()
     openai = json.dumps({"error": {"message": "bad", "type": "invalid_request_error", "param": None, "code": None}})
