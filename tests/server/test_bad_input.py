@@ -203,6 +203,8 @@ CASES = [
         {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]}]), {}, 400, "messages[0].content[0]"),
     ("messages-tool-use-from-user", "POST", M, chat(messages=[{"role": "user", "content": [
         {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]), {}, 400, "messages[0]"),
+    ("messages-assistant-prefill", "POST", M, chat(messages=[*MSG, {"role": "assistant", "content": "Sure"}]), {},
+     400, "prefill"),
     ("messages-surrogate", "POST", M, chat(messages=[{"role": "user", "content": SURROGATE}]), {}, 400, "messages"),
     ("messages-too-long", "POST", M, chat(messages=[{"role": "user", "content": LONG_PROMPT}]), {}, 400, None),
     ("count-tokens-malformed-json", "POST", CT, b'{"messages": ', JSON, 400, None),

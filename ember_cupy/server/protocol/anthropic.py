@@ -160,7 +160,8 @@ class CountTokensRequest(ProtocolModel):
     model_config = ConfigDict(json_schema_extra={"description": NULL_IS_ABSENT})
 
     model: str = Field(description="A served model name.", examples=["SmolLM2-135M-Instruct"])
-    messages: list[AnthropicMessage] = Field(min_length=1, description="The conversation so far, oldest first.")
+    messages: list[AnthropicMessage] = Field(min_length=1, description="The conversation so far, oldest first; "
+                                             "the last one the user's (no assistant prefill).")
     system: System | None = Field(None, description="A system prompt before the messages.",
                                   examples=["Be brief."])
     tools: list[AnthropicTool] | None = Field(None, description="Tools the model may call.")
@@ -172,6 +173,13 @@ class CountTokensRequest(ProtocolModel):
         None, description=IGNORED + " A --reasoning-parser server splits the thinking of models that think.",
         examples=[{"type": "enabled", "budget_tokens": 1024}])
     cache_control: dict[str, Any] | None = CACHE_CONTROL
+
+    @model_validator(mode="after")
+    def _the_last_turn_is_the_users(self):
+        if self.messages[-1].role != "user":
+            raise ValueError("the last message must be the user's: a final assistant message (a prefill to "
+                             "continue) is not supported, the reply is always a new assistant turn")
+        return self
 
 
 class MessagesRequest(CountTokensRequest):
