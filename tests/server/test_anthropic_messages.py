@@ -150,7 +150,7 @@ def test_a_forced_tool_gives_a_tool_use_block_that_fits_its_schema(claude, clien
         ("tool_use", "get_weather", block.input)]
 
 
-def test_a_tool_result_goes_back_as_chat_tool_messages(claude, client):
+def test_a_tool_result_goes_back_as_chat_tool_messages(claude, client, base_url):
     block = create(claude, **FORCED).content[0]
     question = FORCED["messages"][0]
     result = {"type": "tool_result", "tool_use_id": block.id, "content": [{"type": "text", "text": "21 C, sunny"}]}
@@ -162,6 +162,14 @@ def test_a_tool_result_goes_back_as_chat_tool_messages(claude, client):
         {"role": "tool", "tool_call_id": block.id, "content": "21 C, sunny"},
         {"role": "user", "content": "Is that warm?"}], tools=[CHAT_WEATHER])
     assert message.usage.input_tokens == reply.usage.prompt_tokens
+    failed = {**result, "is_error": True, "content": "no such city"}
+    counted = claude.messages.count_tokens(model=MODEL, tools=[WEATHER], messages=[
+        question, {"role": "assistant", "content": [block.model_dump(exclude_none=True)]},
+        {"role": "user", "content": [failed]}]).input_tokens
+    status, _, raw = http(base_url, "POST", "/tokenize", {"model": MODEL, "tools": [CHAT_WEATHER], "messages": [
+        question, {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": block.id, "content": "Error: no such city"}]})
+    assert status == 200 and counted == json.loads(raw)["count"]    # is_error: the result says it failed
     choice = reply.choices[0]
     if choice.finish_reason == "tool_calls":
         assert [b.type for b in message.content] == ["tool_use"] and message.stop_reason == "tool_use"
