@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ember_cupy.engine.ngram_proposer import NgramProposer
 from ember_cupy.engine.sequence import Sequence
-from ember_cupy.engine.spec_verify import accepted_count
+from ember_cupy.engine.spec_verify import verified_tokens
 from ember_cupy.engine.speculation_gate import Candidate, choose_drafts
 from ember_cupy.engine.step_costs import StepCosts
 from ember_cupy.speculative_config import SpeculativeConfig
@@ -99,10 +99,10 @@ class Speculator:
     def verify(self, seq: Sequence, target: list[int]) -> list[int]:
         """The tokens seq emits: target[j] is what its row j sampled (after j drafts)."""
         drafts = seq.draft_token_ids
-        accepted = accepted_count(drafts, target)
-        self.stats.observe(len(drafts), accepted)
-        self._learn(seq, len(drafts), accepted)
-        return list(target[:accepted + 1])
+        tokens = verified_tokens(drafts, target)
+        self.stats.observe(len(drafts), len(tokens) - 1)
+        self._learn(seq, len(drafts), len(tokens) - 1)
+        return tokens
 
     def _learn(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         """Each draft token the verification reached is one observation: accepted ones 1, the
