@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -69,3 +70,20 @@ class ChatTemplate:
                                          bos_token=self.bos_token, eos_token=self.eos_token, **extra)
         except jinja2.exceptions.TemplateError as exc:
             raise ValueError(f"chat template rejected the messages: {exc}") from None
+
+
+def read_chat_template(value: str) -> str:
+    """vLLM's --chat-template: a file's path, or the Jinja source itself. A value with no Jinja in
+    it that names no file is a ValueError, and so is a template that does not parse."""
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            source = f.read()
+    elif "{" in value:
+        source = value
+    else:
+        raise ValueError(f"chat template {value!r}: no such file, and not a Jinja template")
+    try:
+        ImmutableSandboxedEnvironment().parse(source)
+    except jinja2.exceptions.TemplateSyntaxError as exc:
+        raise ValueError(f"chat template: {exc} (line {exc.lineno})") from None
+    return source

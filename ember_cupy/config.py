@@ -130,6 +130,16 @@ class EngineConfig:
     # Speculative decoding (ember_cupy/speculative_config.py): a SpeculativeConfig, a dict of its
     # fields or its JSON text (vLLM's --speculative-config); None: off.
     speculative_config: SpeculativeConfig | None = None
+    # vLLM's --seed: requests without a seed draw from seeds this one derives in arrival order, so
+    # the same requests in the same order sample the same tokens after a restart. None: fresh entropy.
+    seed: int | None = None
+    # vLLM's --chat-template: a Jinja template (its source, or a file holding it) used instead of the
+    # model's own. None: the model's.
+    chat_template: str | None = None
+    # vLLM's --generation-config (auto | vllm | a directory) and --override-generation-config: the
+    # requests' default sampling parameters (ember_cupy/generation_config.py)
+    generation_config: str = "auto"
+    override_generation_config: dict | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "speculative_config", SpeculativeConfig.from_value(self.speculative_config))
@@ -138,6 +148,8 @@ class EngineConfig:
                  "EngineConfig.max_num_batched_tokens must be >= 1")
         _require(self.max_num_prefill_tokens is None or self.max_num_prefill_tokens >= 1,
                  "EngineConfig.max_num_prefill_tokens must be >= 1")
+        _require(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)),
+                 f"EngineConfig.seed must be an integer or None, got {self.seed!r}")
         _require(self.block_size >= 1 and self.block_size <= 1024,
                  "EngineConfig.block_size must be in [1, 1024]")
         _require(self.kv_cache_memory > 0, "EngineConfig.kv_cache_memory must be > 0 bytes")

@@ -21,6 +21,7 @@ class ModelInfo:
     weight_bytes: int
     kv_cache_blocks: int
     runtime: dict                # info.runtime_info of the engine's process (backend, kernels, determinism)
+    sampling_defaults: dict      # SamplingParams field -> the model's default (generation_config.py)
 
 
 def model_info_of(llm_engine) -> ModelInfo:
@@ -31,7 +32,8 @@ def model_info_of(llm_engine) -> ModelInfo:
                      hidden_size=llm_engine.model_config.hidden_size, policy=config.policy,
                      max_num_seqs=config.max_num_seqs, block_size=config.block_size,
                      quantization=runner.quantization, weight_bytes=runner.model.weight_bytes(),
-                     kv_cache_blocks=runner.num_blocks, runtime=runtime_info(llm_engine))
+                     kv_cache_blocks=runner.num_blocks, runtime=runtime_info(llm_engine),
+                     sampling_defaults=dict(llm_engine.sampling_defaults))
 
 
 class EngineClient(Protocol):

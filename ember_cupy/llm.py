@@ -63,7 +63,7 @@ class LLM:
         (ToolCall: id, name, arguments as JSON text)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         spec = tool_calls.parse_tools(tools, tool_choice, parallel_tool_calls)
-        params = tool_calls.constrain(params or SamplingParams(), spec,
+        params = tool_calls.constrain(params or SamplingParams(**self.engine.sampling_defaults), spec,
                                       tool_calls.template_supports_tools(self.tokenizer))
         prompts = [tool_calls.render_chat(self.tokenizer, c, spec, add_generation_prompt,
                                           **(chat_template_kwargs or {})) for c in conversations]
@@ -114,7 +114,7 @@ class LLM:
     @staticmethod
     def _as_params_list(params, count: int) -> list[SamplingParams]:
         if params is None:
-            return [SamplingParams()] * count
+            return [SamplingParams(**self.engine.sampling_defaults)] * count
         if isinstance(params, SamplingParams):
             return [params] * count
         params = list(params)

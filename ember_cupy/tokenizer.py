@@ -37,11 +37,15 @@ class Tokenizer:
         self.add_bos_token = add_bos_token
         self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
         self._special_ids = {t.content: i for i, t in hf.get_added_tokens_decoder().items() if t.special}
-        token_text = lambda i: None if i is None else hf.id_to_token(i)  # noqa: E731
+        self.set_chat_template(chat_template)
+
+    def set_chat_template(self, source: str | None) -> None:
+        """The chat template's Jinja source (None: no template)."""
+        token_text = lambda i: None if i is None else self._hf.id_to_token(i)  # noqa: E731
         self.chat_template = ChatTemplate(
-            chat_template, bos_token=token_text(bos_token_id) or "",
+            source, bos_token=token_text(self.bos_token_id) or "",
             eos_token=token_text(self.eos_token_ids[0] if self.eos_token_ids else None) or "",
-        ) if chat_template else None
+        ) if source else None
 
     def __len__(self) -> int:
         return self.vocab_size

@@ -184,3 +184,87 @@ def test_deterministic_flag_its_environment_variable_and_its_validation(monkeypa
     monkeypatch.delenv("EMBER_DETERMINISTIC")
     help_text = _cli("serve", "--help").stdout
     assert "--deterministic" in help_text and "EMBER_DETERMINISTIC" in help_text
+
+
+def _healthy(proc, port: int, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "the server did not become healthy"
+        try:
+            if _get(port, "/health")[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+
+
+def _post(port: int, path: str, body: dict):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_serve_models_dir_routes_each_request_to_its_model_loaded_on_demand(tmp_path):
+    for name in ("smol-a", "smol-b"):
+        os.symlink(default_model_path(), tmp_path / f"{name}.gguf")
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ember_cupy.cli", "serve", "--models-dir", str(tmp_path),
+                             "--models-max", "1", "--port", str(port), "--num-kv-blocks", "32"],
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _healthy(proc, port)
+        cards = json.loads(_get(port, "/v1/models")[1])["data"]
+        assert {c["id"]: c["status"]["value"] for c in cards} == {"smol-a": "unloaded", "smol-b": "unloaded"}
+        chat = {"model": "smol-b", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        statuses = []
+        for _ in range(300):
+            status, body = _post(port, "/v1/chat/completions", chat)
+            statuses.append(status)
+            if status != 503:
+                break
+            time.sleep(0.2)
+        assert statuses[0] == 503 and statuses[-1] == 200, statuses[-3:]
+        assert body["model"] == "smol-b"
+        assert _post(port, "/v1/chat/completions", {**chat, "model": "nope"})[0] == 404
+        cards = json.loads(_get(port, "/v1/models")[1])["data"]
+        assert {c["id"]: c["status"]["value"] for c in cards} == {"smol-a": "unloaded", "smol-b": "loaded"}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model", "x.gguf"], "give no MODEL"),
+    (["--models-max", "0"], "--models-max must be at least 1"),
+    (["--data-parallel-backend", "ray"], "cannot be combined"),
+])
+def test_serve_models_dir_refuses_conflicting_flags_in_one_line(tmp_path, flags, message):
+    os.symlink(default_model_path(), tmp_path / "smol.gguf")
+    done = _cli("serve", "--models-dir", str(tmp_path), "--port", str(_free_port()), *flags)
+    assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_serve_models_dir_without_models_is_one_line(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a model")
+    done = _cli("serve", "--models-dir", str(tmp_path), "--port", str(_free_port()))
+    assert done.returncode == 2 and "holds no .gguf file" in done.stderr, done.stderr
+
+
+def test_parser_flags_reach_the_server_settings(monkeypatch):
+    from ember_cupy import cli
+    monkeypatch.setenv("EMBER_TOOL_CALL_PARSER", "llama3_json")
+    args = cli.build_parser().parse_args(["serve", "--reasoning-parser", "qwen3", "--enable-auto-tool-choice"])
+    settings = cli.server_settings(args)
+    assert (settings.reasoning_parser, settings.tool_call_parser) == ("qwen3", "llama3_json")
+    assert _cli("serve", "--reasoning-parser", "nope").returncode == 2
+
+
+def test_serve_a_folder_without_config_json_is_one_line(tmp_path):
+    done = _cli("serve", str(tmp_path), "--port", str(_free_port()))
+    assert done.returncode == 2 and "has no config.json" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -313,3 +313,17 @@ def test_packed_rows_dequantize_like_the_gguf_rows():
     rows = np.array([36, 0, 5, 5, 17])
     np.testing.assert_array_equal(packed.dequantize(rows), source.dequantize()[rows])
     np.testing.assert_array_equal(packed.dequantize(), source.dequantize())
+
+
+def test_a_first_compile_says_so_before_it_starts(monkeypatch, tmp_path, caplog):
+    """The first use on an empty kernel cache compiles for many seconds: the log says what and why first."""
+    if _host.compiler() is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setenv("EMBER_KERNEL_CACHE", str(tmp_path))
+    logged_before_compiling = []
+    monkeypatch.setattr(_host.host_build, "compile_library",
+                        lambda cc, isa, sources, target: logged_before_compiling.append(caplog.text) or target)
+    with caplog.at_level(logging.WARNING, logger="ember_cupy.host"):
+        _host._build("portable")
+    assert "compiling the host kernels for portable" in logged_before_compiling[0]
+    assert str(tmp_path) in logged_before_compiling[0]

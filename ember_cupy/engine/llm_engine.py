@@ -1,6 +1,7 @@
 """The synchronous engine: add_request / abort / step(), one continuous-batching step at a time."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import time
@@ -8,6 +9,7 @@ import time
 import numpy as np
 
 from ember_cupy.backend import get_xp, keep_freed_memory_mapped, to_numpy
+from ember_cupy.chat_template import read_chat_template
 from ember_cupy.config import CPU_MAX_NUM_PREFILL_TOKENS, EngineConfig
 from ember_cupy.engine.block_manager import BlockManager
 from ember_cupy.engine.model_runner import ModelRunner
@@ -20,6 +22,7 @@ from ember_cupy.engine.scheduler import ScheduledBatch, Scheduler
 from ember_cupy.engine.speculator import SpecDecodeStats, Speculator
 from ember_cupy.engine.step_costs import StepCosts
 from ember_cupy.engine.sequence import Sequence, SequenceStats
+from ember_cupy.generation_config import sampling_defaults
 from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.loader import load_checkpoint
 from ember_cupy.sampling_params import SamplingParams
@@ -52,6 +55,13 @@ class LLMEngine:
         self.checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model, progress)
         self.model_config = self.checkpoint.config
         self.tokenizer = self.checkpoint.tokenizer
+        if self.config.chat_template is not None:   # on a copy: a shared Checkpoint keeps its own
+            self.tokenizer = copy.copy(self.tokenizer)
+            self.tokenizer.set_chat_template(read_chat_template(self.config.chat_template))
+        self.sampling_defaults = sampling_defaults(self.checkpoint.source, self.config.generation_config,
+                                                   self.config.override_generation_config)
+        SamplingParams(**self.sampling_defaults)   # a bad default fails the load, not every request
+        self._seeds = None if self.config.seed is None else np.random.default_rng(self.config.seed)
         # a checkpoint loaded here is consumed by the model, so the weights are held once
         self.runner = ModelRunner(self.checkpoint, self.config, xp=xp,
                                   consume_checkpoint=not isinstance(model, Checkpoint))
@@ -137,6 +147,8 @@ class LLMEngine:
                                         arrival_time, prompt_index)
             return
         params.check_vocab(self.model_config.vocab_size)
+        if params.seed is None and self._seeds is not None:
+            params = dataclasses.replace(params, seed=int(self._seeds.integers(2**63)))
         constraint = self.grammars.new_constraint(params.structured_outputs) if params.structured_outputs else None
         max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
         if params.n > self.config.max_num_seqs:

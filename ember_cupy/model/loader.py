@@ -33,6 +33,9 @@ def resolve_model_path(model: str | None) -> str:
         raise ValueError(f"unsupported model file {path!r}: expected a .gguf file or an HF directory")
     if not (os.path.isdir(path) or os.path.isfile(path)):
         raise FileNotFoundError(f"model not found: {path!r} is neither a .gguf file nor a directory")
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"{path!r} has no config.json: a Hugging Face model folder holds config.json, "
+                                f"its tokenizer and *.safetensors (or give a .gguf file)")
     return path
 
 

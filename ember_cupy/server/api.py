@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 import ember_cupy
+from ember_cupy import tool_calls
+from ember_cupy.sampling_params import MAX_LOGPROBS
 from ember_cupy.server.access_log import access_log_middleware
 from ember_cupy.server.async_engine import AsyncEngine, EngineOverloadedError, EngineState, PrepareTimeoutError
 from ember_cupy.server.embeddings import EmbeddingsServing
@@ -17,6 +19,7 @@ from ember_cupy.server.metrics import CONTENT_TYPE_LATEST
 from ember_cupy.server.middleware import auth_middleware, cors_handlers, error_middleware
 from ember_cupy.server.openapi import openapi_spec
 from ember_cupy.server.protocol import validate
+from ember_cupy.server.protocol.constraints import tool_spec
 from ember_cupy.server.protocol.requests import DetokenizeRequest, TokenizeRequest
 from ember_cupy.server.output_parsers import OutputParsers
 from ember_cupy.server.response_store import MAX_BYTES, ResponseStore
@@ -55,6 +58,7 @@ class ServerSettings:
     max_prompt_tokens_per_request: int = DEFAULT_MAX_PROMPT_TOKENS_PER_REQUEST
     reasoning_parser: str | None = None   # deepseek_r1 | qwen3 (ember_cupy/reasoning.py)
     tool_call_parser: str | None = None   # a family's call format for tool_choice auto (tool_parsers.py)
+    max_logprobs: int = MAX_LOGPROBS      # vLLM's --max-logprobs: most top logprobs a request may ask
 
 
 def base_app(settings: ServerSettings) -> web.Application:
@@ -78,7 +82,8 @@ def base_app(settings: ServerSettings) -> web.Application:
 def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     app = base_app(settings)
     serving = OpenAIServing(engine, settings.served_model_names, settings.max_prompt_tokens_per_request,
-                            OutputParsers.named(settings.reasoning_parser, settings.tool_call_parser))
+                            OutputParsers.named(settings.reasoning_parser, settings.tool_call_parser),
+                            max_logprobs=settings.max_logprobs)
     app[ENGINE_KEY] = engine
     app[SERVING_KEY] = serving
     handlers = _Handlers(engine, serving, settings)
@@ -178,8 +183,9 @@ class _Handlers:
                 text = body.prompt
             else:
                 messages = [m.template_dict() for m in body.messages]
-                text = await self.engine.off_loop(tokenizer.apply_chat_template, messages, body.add_generation_prompt,
-                                                  work_chars=text_chars(messages))
+                text = await self.engine.off_loop(tool_calls.render_chat, tokenizer, messages, tool_spec(body),
+                                                  add_generation_prompt=body.add_generation_prompt,
+                                                  work_chars=text_chars(messages), **(body.chat_template_kwargs or {}))
             tokens = await self.engine.off_loop(tokenizer.encode, text, add_special_tokens=body.add_special_tokens,
                                                 work_chars=len(text))
         except ValueError as exc:

@@ -137,7 +137,7 @@ class RequestStream:
 
 class _Tracker:
     """Per-request timing and token counts for the metrics and the HTTP access log."""
-    __slots__ = ("arrival", "params", "usage", "last_token", "prompt_counted", "generated")
+    __slots__ = ("arrival", "params", "usage", "last_token", "prompt_counted", "generated", "generated_by_index")
 
     def __init__(self, arrival: float, params: SamplingParams | PoolingParams, usage: RequestUsage | None):
         self.arrival = arrival
@@ -146,6 +146,7 @@ class _Tracker:
         self.last_token: dict[int, float] = {}
         self.prompt_counted = False
         self.generated = 0
+        self.generated_by_index: dict[int, int] = {}   # completion index -> its tokens (n > 1)
 
 
 # What the event loop asks of the engine loop, applied between two steps.
@@ -478,6 +479,7 @@ class AsyncEngine:
             if not new:
                 continue
             tracker.generated += new
+            tracker.generated_by_index[completion.index] = tracker.generated_by_index.get(completion.index, 0) + new
             m.generation_tokens.inc(new)
             last = tracker.last_token.get(completion.index)
             if last is None:
@@ -497,7 +499,8 @@ class AsyncEngine:
                 m.request_params(tracker.params)
             m.request_prompt_tokens.observe(len(output.prompt_token_ids))
             m.request_generation_tokens.observe(tracker.generated)
-            m.request_finished(output.outputs[0].finish_reason if output.outputs else None)
+            m.request_max_num_generation_tokens.observe(max(tracker.generated_by_index.values(), default=0))
+            m.request_finished(_finish_reason(output, tracker.params))
 
     def _refresh_metrics(self) -> None:
         """Snapshot the queues for admission and update the gauges. Runs between steps on the
@@ -532,3 +535,10 @@ def _count_usage(output: RequestOutput, usage: RequestUsage, first: bool) -> Non
     if first:
         usage.prompt_tokens += len(output.prompt_token_ids)
     usage.completion_tokens += sum(len(c.delta_token_ids) for c in output.outputs)
+
+
+def _finish_reason(output: RequestOutput, params) -> str | None:
+    """The request's finish reason for the metrics: a pooling request ends as vLLM v1 ends one ("stop")."""
+    if output.outputs:
+        return output.outputs[0].finish_reason
+    return "stop" if isinstance(params, PoolingParams) else None

@@ -118,6 +118,9 @@ class EngineMetrics:
                                                _TOKEN_BUCKETS)
         self.request_generation_tokens = histogram("request_generation_tokens",
                                                    "Generated tokens of finished requests.", _TOKEN_BUCKETS)
+        self.request_max_num_generation_tokens = histogram(
+            "request_max_num_generation_tokens", "The most tokens one completion of a finished request generated "
+            "(its n completions' maximum).", _TOKEN_BUCKETS)
         self.request_params_n = histogram("request_params_n", "The n of finished requests.", _N_BUCKETS)
         self.request_params_max_tokens = histogram("request_params_max_tokens",
                                                    "The max_tokens of finished requests (those that set one).",

@@ -13,7 +13,7 @@ log = logging.getLogger("ember_cupy.server")
 
 # With an API key these need "Authorization: Bearer <key>"; every other route (/health,
 # /metrics, /version, /openapi.json, the / and /docs pages: probes, scrapers, docs) stays
-# public. cli.py's --api-key help and README.md list both.
+# public. cli/serve_flags.py's --api-key help and README.md list both.
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
 

@@ -123,16 +123,3 @@ def join_expositions(texts: list[str]) -> str:
             elif line and current is not None:
                 families[current].append(line)
     return "".join(line + "\n" for block in families.values() for line in block)
-
-
-def add_router_flags(parser, add) -> None:
-    """`serve`'s flags for many models (llama.cpp's router names)."""
-    g = parser.add_argument_group("many models (router mode)")
-    add(g, "--models-dir", default=None,
-        help="serve every .gguf file and Hugging Face folder in this directory, each loaded on its first "
-             "request (503 + Retry-After while it loads); the engine flags apply to each")
-    add(g, "--models-max", type=int, default=4, help="models loaded at once; the least recently used idle one "
-                                                       "unloads for another")
-    add(g, "--models-idle-ttl", type=float, default=None, help="seconds after which an idle model unloads")
-    add(g, "--models-memory", default=None,
-        help="bytes for all models' weights and KV caches together, e.g. 8GiB (default: the machine's memory)")

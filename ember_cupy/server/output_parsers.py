@@ -63,18 +63,3 @@ class ChatDeltas:
         if thought:
             delta = {"reasoning_content": thought, "reasoning": thought, **delta}
         return delta, called
-
-
-def add_output_parser_flags(parser, add) -> None:
-    """`serve`'s flags for the parsers (vLLM's names); `add` is the CLI's add-with-env-default."""
-    from ember_cupy.reasoning import PARSERS as REASONING
-    from ember_cupy.tool_parsers import PARSERS as TOOLS
-    g = parser.add_argument_group("reasoning and tool calls")
-    add(g, "--reasoning-parser", choices=REASONING, default=None,
-        help="split <think>...</think> into reasoning_content (chat), reasoning items (/v1/responses) "
-             "and thinking blocks (/v1/messages); structured outputs then hold the answer only")
-    add(g, "--tool-call-parser", choices=sorted(TOOLS), default=None,
-        help="the model family's tool-call format for tool_choice auto on a template with tools "
-             "(default: hermes); required and named tool choices stay constrained JSON")
-    add(g, "--enable-auto-tool-choice", action="store_true", default=False,
-        help="vLLM's switch for tool_choice auto: accepted; auto is always on here")

@@ -11,6 +11,7 @@ import uuid
 from aiohttp import web
 
 from ember_cupy import tool_calls
+from ember_cupy.sampling_params import MAX_LOGPROBS
 from ember_cupy.server import responses as R
 from ember_cupy.server.async_engine import (
     AsyncEngine,
@@ -22,7 +23,7 @@ from ember_cupy.server.async_engine import (
 )
 from ember_cupy.server.errors import APIError, from_value_error
 from ember_cupy.server.logprob_limits import check_logprob_entries
-from ember_cupy.server.protocol import GenerationRequest, parse_chat, parse_completion
+from ember_cupy.server.protocol import GenerationRequest, parse_chat, parse_completion, with_sampling_defaults
 from ember_cupy.server.output_parsers import ChatDeltas, OutputParsers
 from ember_cupy.server.protocol.constraints import tool_spec
 from ember_cupy.server.validation import read_json_body
@@ -81,11 +82,12 @@ async def _merge(streams: list[RequestStream]):
 class OpenAIServing:
     def __init__(self, engine: AsyncEngine, model_names: list[str],
                  max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS_PER_REQUEST,
-                 output_parsers: OutputParsers = OutputParsers()):
+                 output_parsers: OutputParsers = OutputParsers(), max_logprobs: int = MAX_LOGPROBS):
         self.engine = engine
         self.model_names = model_names
         self.max_prompt_tokens = max_prompt_tokens
         self.output_parsers = output_parsers
+        self.max_logprobs = max_logprobs
 
     def ensure_ready(self) -> None:
         if not self.engine.is_ready:
@@ -97,6 +99,21 @@ class OpenAIServing:
         if name is not None and name not in self.model_names:
             raise APIError(404, f"the model '{name}' does not exist; served: {self.model_names}",
                            param="model", code="model_not_found")
+
+    def check_request(self, req: GenerationRequest) -> None:
+        """The server's rules for a parsed request: its model, priority and logprobs, and the model's
+        default sampling parameters for the fields it left out."""
+        self.check_model(req.model)
+        self.check_priority(req)
+        self.check_logprobs(req)
+        with_sampling_defaults(req, self.engine.model_info().sampling_defaults)
+
+    def check_logprobs(self, req: GenerationRequest) -> None:
+        """--max-logprobs (vLLM's): the most top logprobs a request may ask, per token or prompt position."""
+        for name, asked in (("logprobs", req.params.logprobs), ("prompt_logprobs", req.params.prompt_logprobs)):
+            if asked is not None and asked > self.max_logprobs:
+                raise APIError(400, f"{asked} {name} asked; this server allows at most {self.max_logprobs} "
+                                    f"(--max-logprobs)", param=name, code="invalid_value")
 
     def check_priority(self, req: GenerationRequest) -> None:
         """As vLLM: a priority means something only under the priority policy, so it is refused
@@ -133,8 +150,7 @@ class OpenAIServing:
         body = await read_json_body(request)
         self.ensure_ready()
         req = parse_completion(body, self.engine.tokenizer.vocab_size)
-        self.check_model(req.model)
-        self.check_priority(req)
+        self.check_request(req)
         req.params = dataclasses.replace(req.params, structured_outputs=req.constraint)
         token_ids = await self.tokenize_prompts(req.prompts, "prompt")
         check_logprob_entries(req, [len(ids) for ids in token_ids], self.engine.max_model_len)
@@ -151,8 +167,7 @@ class OpenAIServing:
         from the chat template, the tools): what /v1/chat/completions and /v1/responses run."""
         self.ensure_ready()
         req = parse_chat(body, self.engine.tokenizer.vocab_size)
-        self.check_model(req.model)
-        self.check_priority(req)
+        self.check_request(req)
         tools = tool_spec(req.body)
         supports_tools = tool_calls.template_supports_tools(self.engine.tokenizer)
         try:

@@ -177,3 +177,17 @@ def test_openai_client_error_shape(client):
     assert info.value.body["param"] == "temperature"
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="nope", prompt="x", max_tokens=1)
+
+
+def test_tokenize_counts_a_conversation_with_tools_as_chat_does(client, base_url):
+    """An assistant tool call and the tools render in the prompt as chat renders them."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather of a city",
+                                                 "parameters": {"type": "object",
+                                                                "properties": {"city": {"type": "string"}}}}}]
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                    "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    reply = client.chat.completions.create(model=MODEL, messages=messages, tools=tools, max_tokens=1, temperature=0)
+    assert tokenize(base_url, messages=messages, tools=tools) == reply.usage.prompt_tokens
+    assert tokenize(base_url, messages=messages) < reply.usage.prompt_tokens     # the tools count too

@@ -130,7 +130,7 @@ def test_progress_bar(capsys):
 
 
 def test_generate_command(checkpoint, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_load_engine", lambda args: __import__(
+    monkeypatch.setattr(cli.loading, "load_engine", lambda args: __import__(
         "ember_cupy.engine.llm_engine", fromlist=["LLMEngine"]).LLMEngine(checkpoint, cli.engine_config(args)))
     assert cli.main(["generate", "The capital of France is", "--max-tokens", "4", "--temperature", "0",
                      "--num-kv-blocks", "16"]) == 0

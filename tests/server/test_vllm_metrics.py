@@ -64,6 +64,7 @@ VLLM_SERIES = (
     "vllm:request_decode_time_seconds_count", "vllm:request_prompt_tokens_count",
     "vllm:request_generation_tokens_count", "vllm:request_params_n_count",
     "vllm:request_params_max_tokens_count", "vllm:cache_config_info",
+    "vllm:request_max_num_generation_tokens_count",
 )
 
 
@@ -84,7 +85,8 @@ def test_request_series_count_what_a_request_asked_for_and_computed(two_slots):
     before = {name: metric(two_slots, name) or 0.0 for name in (
         "vllm:request_params_n_sum", "vllm:request_params_max_tokens_sum", "vllm:iteration_tokens_total_sum",
         "vllm:request_prefill_time_seconds_count", "vllm:request_decode_time_seconds_count",
-        "vllm:request_inference_time_seconds_count", "vllm:generation_tokens_total")}
+        "vllm:request_inference_time_seconds_count", "vllm:generation_tokens_total",
+        "vllm:request_max_num_generation_tokens_sum")}
     n, max_tokens = 2, 4
     body = _completion(two_slots, "A short unique prompt about owls", n=n, max_tokens=max_tokens)
     prompt_tokens = body["usage"]["prompt_tokens"]
@@ -95,6 +97,7 @@ def test_request_series_count_what_a_request_asked_for_and_computed(two_slots):
     assert delta("vllm:request_params_n_sum") == n
     assert delta("vllm:request_params_max_tokens_sum") == max_tokens
     assert delta("vllm:generation_tokens_total") == n * max_tokens
+    assert delta("vllm:request_max_num_generation_tokens_sum") == max_tokens    # the most of one completion
     # the prompt once (under 16 tokens: no full block to reuse), then each sequence's last token
     # for every token after its first
     assert delta("vllm:iteration_tokens_total_sum") == prompt_tokens + n * (max_tokens - 1)
@@ -155,3 +158,12 @@ def test_one_access_log_line_per_request_without_the_prompt(two_slots, caplog):
     assert re.fullmatch(r"127\.0\.0\.1 POST /v1/completions 400 prompt_tokens=0 completion_tokens=0 \S+s",
                         info[1]), info
     assert len(info) == 2            # /health is a probe: debug level
+
+
+def test_an_embedding_request_finishes_as_vllm_counts_a_pooling_request(two_slots):
+    def finished(reason):
+        return metric(two_slots, "vllm:request_success_total", finished_reason=reason) or 0.0
+    before = {reason: finished(reason) for reason in ("stop", "unknown")}
+    status, _, _ = http(two_slots, "POST", "/v1/embeddings", {"model": MODEL, "input": "an owl"})
+    assert status == 200
+    assert finished("stop") == before["stop"] + 1 and finished("unknown") == before["unknown"] == 0

@@ -1,6 +1,7 @@
 """A validated request body -> GenerationRequest: what the serving layer runs and replies with."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -104,3 +105,16 @@ def _sampling(request: SamplingFields, logprobs: int | None, max_tokens: int | N
             skip_special_tokens=request.skip_special_tokens, speculative=request.speculative)
     except ValueError as exc:
         raise from_value_error(exc) from None
+
+
+def with_sampling_defaults(req: GenerationRequest, defaults: dict) -> None:
+    """The model's default sampling parameters (--generation-config) for the fields the body left out."""
+    given = req.body.model_fields_set
+    changes = {k: v for k, v in defaults.items() if k != "max_tokens" and k not in given}
+    if "max_tokens" in defaults and not given & {"max_tokens", "max_completion_tokens"}:
+        changes["max_tokens"] = defaults["max_tokens"]
+    if changes:
+        try:
+            req.params = dataclasses.replace(req.params, **changes)
+        except ValueError as exc:
+            raise from_value_error(exc) from None

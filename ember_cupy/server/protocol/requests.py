@@ -232,6 +232,11 @@ class TokenizeRequest(ProtocolModel):
                                                               "messages (their template writes them).")
     add_generation_prompt: bool = True
     return_token_strs: bool = Field(False, examples=[True])
+    # with messages, as chat renders them: the same prompt tokens as the chat request would count
+    tools: list[Tool] | None = Field(None, description="With messages: the chat request's tools.")
+    tool_choice: ToolChoice | None = Field(None, examples=["none"])
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(None, examples=[{}])
 
 
 class DetokenizeRequest(ProtocolModel):
