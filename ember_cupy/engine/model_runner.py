@@ -65,8 +65,12 @@ def device_kv_bytes(config: EngineConfig, model: ModelConfig, itemsize: int) -> 
 def logits_workspace_bytes(config: EngineConfig, model: ModelConfig) -> int:
     """The float32 logits one step may hold: every scheduled token can be a logits row (prompt
     logprobs score each prompt position), so up to max_num_batched_tokens rows, and the sampler's
-    working copies of its rows, at most max_num_seqs (one per sequence) twice."""
-    rows = config.max_num_batched_tokens + 2 * config.max_num_seqs
+    working copies of its rows twice: one per sequence, or 1 + num_speculative_tokens per
+    sequence with speculative decoding (never more than the step's tokens)."""
+    spec = config.speculative_config
+    per_seq = 1 + (spec.num_speculative_tokens if spec is not None else 0)
+    sampled = min(config.max_num_seqs * per_seq, max(config.max_num_batched_tokens, config.max_num_seqs))
+    rows = config.max_num_batched_tokens + 2 * sampled
     return rows * model.vocab_size * 4
 
 
