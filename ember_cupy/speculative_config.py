@@ -56,7 +56,8 @@ class SpeculativeConfig:
         high = self.prompt_lookup_max if self.prompt_lookup_max is not None else low
         low = DEFAULT_PROMPT_LOOKUP if low is None else low
         high = DEFAULT_PROMPT_LOOKUP if high is None else high
-        _require(_is_int(low) and low >= 1, f"speculative_config.prompt_lookup_min must be an integer >= 1, got {low!r}")
+        _require(_is_int(low) and low >= 1,
+                 f"speculative_config.prompt_lookup_min must be an integer >= 1, got {low!r}")
         _require(_is_int(high) and high >= low,
                  f"speculative_config.prompt_lookup_max must be an integer >= prompt_lookup_min ({low}), got {high!r}")
         set_("prompt_lookup_min", low)
