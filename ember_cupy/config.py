@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ember_cupy.speculative_config import SpeculativeConfig
+
 POLICIES = ("fcfs", "sjf", "priority")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_CACHE_DTYPES = ("auto", "float32", "float16")
@@ -125,6 +127,9 @@ class EngineConfig:
     # query row through the decode kernel, every quantized matmul through the GEMV kernel, what
     # M may be. The host (CPU) kernels need no flag: one reduction order per row by default.
     deterministic: bool = False
+    # Speculative decoding (ember_cupy/speculative_config.py): a SpeculativeConfig, a dict of its
+    # fields or its JSON text (vLLM's --speculative-config); None: off.
+    speculative_config: SpeculativeConfig | None = None
     # vLLM's --seed: requests without a seed draw from seeds this one derives in arrival order, so
     # the same requests in the same order sample the same tokens after a restart. None: fresh entropy.
     seed: int | None = None
@@ -137,6 +142,7 @@ class EngineConfig:
     override_generation_config: dict | None = None
 
     def __post_init__(self):
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.from_value(self.speculative_config))
         _require(self.max_num_seqs >= 1, "EngineConfig.max_num_seqs must be >= 1")
         _require(self.max_num_batched_tokens >= 1,
                  "EngineConfig.max_num_batched_tokens must be >= 1")

@@ -55,6 +55,9 @@ class SamplingParams:
     # constrained decoding: a JSON schema, any JSON object, a regex, a choice or a grammar (a
     # StructuredOutputsParams or a dict of its fields); vLLM's name
     structured_outputs: StructuredOutputsParams | None = None
+    # False: never speculate for this request (the engine's --speculative-config drafts for it
+    # otherwise; its output is the same either way, only its speed changes)
+    speculative: bool = True
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -92,6 +95,8 @@ class SamplingParams:
             value = getattr(self, name)
             _require(value is None or (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS),
                      f"SamplingParams.{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
+        _require(isinstance(self.speculative, bool),
+                 f"SamplingParams.speculative must be True or False, got {self.speculative!r}")
         self._validate_logit_bias()
         set_("structured_outputs", StructuredOutputsParams.from_value(self.structured_outputs))
 

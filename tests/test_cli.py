@@ -268,3 +268,16 @@ def test_serve_a_folder_without_config_json_is_one_line(tmp_path):
     done = _cli("serve", str(tmp_path), "--port", str(_free_port()))
     assert done.returncode == 2 and "has no config.json" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_speculative_config_flag_reaches_the_engine_config_and_a_bad_one_is_one_line(monkeypatch):
+    from ember_cupy import cli
+    from ember_cupy.speculative_config import SpeculativeConfig
+    monkeypatch.delenv("EMBER_SPECULATIVE_CONFIG", raising=False)
+    parse = lambda *args: cli.engine_config(cli.build_parser().parse_args(["serve", *args]))  # noqa: E731
+    assert parse().speculative_config is None
+    flag = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
+    assert parse("--speculative-config", flag).speculative_config == SpeculativeConfig(4, "ngram", 4, 2)
+    done = _cli("serve", "--port", str(_free_port()), "--speculative-config", '{"num_speculative_tokens": 0}')
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "num_speculative_tokens" in done.stderr

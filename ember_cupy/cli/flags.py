@@ -53,6 +53,10 @@ def engine_flags(parser: argparse.ArgumentParser) -> None:
              help="CuPy: the same token ids and logprobs for a request whatever the batch, prefix-cache hits or "
                   "chunk splits, at a cost in speed (every attention row through the decode kernel, every "
                   "quantized matmul through the GEMV); the CPU kernels are deterministic without it")
+    add_flag(g, "--speculative-config", default=None,
+             help='speculative decoding, as vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4, '
+                  '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' (prompt lookup); drafts only where the '
+                  'measured step costs say they pay; the output is the same as without')
     add_flag(g, "--no-progress", action="store_true", default=False, help="no progress bar while loading")
 
 
@@ -123,7 +127,7 @@ def engine_config(args) -> EngineConfig:
                         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
                         activation_passes=args.activation_passes, second_pass_threshold=args.second_pass_threshold,
                         gpu_memory_utilization=args.gpu_memory_utilization, deterministic=args.deterministic,
-                        **_serve_only(args))
+                        speculative_config=args.speculative_config, **_serve_only(args))
 
 
 def _serve_only(args) -> dict:

@@ -144,6 +144,14 @@ class BlockManager:
         for block_id in child.block_table:
             self._take(block_id)
 
+    def trim(self, seq: Sequence) -> None:
+        """Release the blocks past seq's computed tokens (the pages of rejected drafts). They
+        hold no full computed block, so they have no hash."""
+        keep = -(-seq.num_computed_tokens // self.block_size)
+        for block_id in reversed(seq.block_table[keep:]):
+            self._release(block_id)
+        del seq.block_table[keep:]
+
     def free(self, seq: Sequence) -> None:
         """Release all of seq's blocks; the tail goes first so it is evicted first."""
         for block_id in reversed(seq.block_table):

@@ -19,11 +19,14 @@ from ember_cupy.engine.request import Request
 from ember_cupy.engine.prompt_logprobs import prompt_logprob_entries
 from ember_cupy.engine.sampler import Sampler
 from ember_cupy.engine.scheduler import ScheduledBatch, Scheduler
+from ember_cupy.engine.speculator import SpecDecodeStats, Speculator
+from ember_cupy.engine.step_costs import StepCosts
 from ember_cupy.engine.sequence import Sequence, SequenceStats
 from ember_cupy.generation_config import sampling_defaults
 from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.loader import load_checkpoint
 from ember_cupy.sampling_params import SamplingParams
+from ember_cupy.speculative_config import SpeculativeConfig
 from ember_cupy.structured.compiler import GrammarCompiler
 
 logger = logging.getLogger("ember_cupy.engine")
@@ -69,6 +72,7 @@ class LLMEngine:
                                           self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager, self.model_config.eos_token_ids)
         self.sampler = Sampler(self.model_config.eos_token_ids)
+        self.speculator = self._speculator(self.config.speculative_config)
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
         limits = [self.model_config.max_position_embeddings, self.runner.num_blocks * self.config.block_size]
         if self.config.max_model_len:
@@ -81,6 +85,22 @@ class LLMEngine:
         self.last_step_num_tokens = 0   # tokens the last step computed (vllm:iteration_tokens_total)
         from ember_cupy.info import describe
         logger.info("%s", describe(self))
+
+    def _speculator(self, config: SpeculativeConfig | None) -> Speculator | None:
+        if config is None:
+            return None
+        if config.method != "ngram":
+            raise ValueError(f"speculative_config.method {config.method!r} is not supported yet")
+        costs = StepCosts()
+        k = config.num_speculative_tokens
+        costs.calibrate(self.runner.time_forward,
+                        min(self.config.max_num_batched_tokens, self.config.max_num_seqs * (1 + k)))
+        return Speculator(config, costs)
+
+    @property
+    def spec_decode_stats(self) -> SpecDecodeStats | None:
+        """Speculative decoding's cumulative counts (None when it is off)."""
+        return None if self.speculator is None else self.speculator.stats
 
     def _check_kv_pool(self) -> None:
         if self.config.num_kv_blocks is not None:
@@ -211,12 +231,15 @@ class LLMEngine:
 
     # --- one step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running, self._likely_prompt_tokens())
         batch = self.scheduler.schedule()
         self.last_step_num_tokens = batch.num_tokens
         if self.on_scheduled is not None:
             self.on_scheduled()
         if not batch:
             return []
+        started = time.perf_counter()
         step_logits = self.runner.execute(batch)
         for seq, first_position, logits in step_logits.prompt_logits:
             self._record_prompt_logprobs(seq, first_position, logits)
@@ -226,23 +249,58 @@ class LLMEngine:
             request.pool(hidden)
             touched.append(request)
         sampling_seqs, logits = self._sampling_rows(batch, step_logits)
+        streams = [Speculator.hold_stream(seq) if seq.draft_token_ids else None for seq, _ in batch.samples]
         sampled = self.sampler(logits, sampling_seqs)
-        seqs = self.scheduler.update(batch, sampled.token_ids)
-        for seq, token_id, logprobs in zip(seqs, sampled.token_ids, sampled.logprobs):
+        emitted = self._emitted(batch, sampled, streams)
+        if self.speculator is not None:
+            self.speculator.costs.record(batch.num_tokens, time.perf_counter() - started)
+        appended = self.scheduler.update(batch, [tokens for tokens, _ in emitted])
+        for (seq, tokens), (_, logprobs) in zip(appended, emitted):
             request = self.requests[seq.request_id]
-            self._detokenize(request, seq, int(token_id), logprobs)
+            self._detokenize_tokens(request, seq, tokens, logprobs)
             touched.append(request)
         return self._collect_outputs(touched)
 
+    def _likely_prompt_tokens(self) -> int:
+        """The prompt tokens the next step will likely compute: what waits, up to its budget."""
+        scheduler = self.scheduler
+        waiting = sum(seq.num_uncomputed_tokens for seq in scheduler.running if seq.num_uncomputed_tokens > 1)
+        waiting += sum(seq.num_uncomputed_tokens for seq in scheduler.waiting)
+        return min(waiting, self.config.max_num_prefill_tokens or self.config.max_num_batched_tokens)
+
     def _sampling_rows(self, batch: ScheduledBatch, step_logits):
-        """The sequences that sample now and their logits rows (a fresh fork samples from its
-        parent's row: at most max_num_seqs rows)."""
-        row_of = {id(seq): row for row, seq in enumerate(step_logits.sampling_seqs)}
-        rows = [row_of[id(source)] for _, source in batch.samples]
+        """The rows that sample now, each with the sequence (or its verification view) it samples
+        for, and their logits: a fresh fork samples from its parent's row (at most max_num_seqs
+        rows), a verifying sequence from each of its 1 + len(drafts) rows."""
+        first_row, row = {}, 0
+        for seq in step_logits.sampling_seqs:
+            first_row[id(seq)] = row
+            row += 1 + len(seq.draft_token_ids)
+        seqs, rows = [], []
+        for seq, source in batch.samples:
+            start = first_row[id(source)]
+            for j in range(1 + len(seq.draft_token_ids)):
+                seqs.append(seq if j == 0 else seq.verification_view(j))
+                rows.append(start + j)
         logits = step_logits.sampling_logits
-        if rows != list(range(len(row_of))):
+        if rows != list(range(row)):
             logits = logits[self.runner.xp.asarray(rows)]
-        return [seq for seq, _ in batch.samples], logits
+        return seqs, logits
+
+    def _emitted(self, batch: ScheduledBatch, sampled, streams) -> list[tuple[list[int], list]]:
+        """(tokens, their logprobs) of each sequence of batch.samples, from the sampled rows: one
+        token, or what the verification of its drafts emits."""
+        emitted, row = [], 0
+        for (seq, _), stream in zip(batch.samples, streams):
+            count = 1 + len(seq.draft_token_ids)
+            tokens = [int(t) for t in sampled.token_ids[row:row + count]]
+            logprobs = sampled.logprobs[row:row + count]
+            if seq.draft_token_ids:
+                tokens = self.speculator.verify(seq, tokens)
+                Speculator.settle_stream(seq, stream, len(tokens))
+            emitted.append((tokens, logprobs[:len(tokens)]))
+            row += count
+        return emitted
 
     def _record_prompt_logprobs(self, seq: Sequence, first_position: int, logits) -> None:
         """Logits at position p score prompt token p + 1; entry 0 (nothing before it) is None."""
@@ -254,23 +312,41 @@ class LLMEngine:
         entries = prompt_logprob_entries(to_numpy(logits), targets, request.params.prompt_logprobs)
         request.prompt_logprobs[first:first + len(entries)] = entries
 
-    def _detokenize(self, request: Request, seq: Sequence, token_id: int, logprobs) -> None:
-        """The text side of a token the scheduler appended: a stop string ends the sequence
-        here (the scheduler has ended it already on a stop token, EOS or max_tokens)."""
+    def _detokenize_tokens(self, request: Request, seq: Sequence, tokens: list[int], logprobs) -> None:
+        """The text side of the tokens the scheduler appended this step, in order. A stop string
+        in one of them ends the sequence there: the tokens after it (accepted drafts) are taken
+        back, as if never generated."""
+        if seq.finish_reason == "error":   # its grammar refused this token: the output ends before it
+            state = request.state(seq)
+            state.new_text += state.detokenizer.finish()
+            return
+        for index, (token_id, token_logprobs) in enumerate(zip(tokens, logprobs)):
+            last = index == len(tokens) - 1
+            if self._detokenize(request, seq, token_id, token_logprobs, last, len(tokens) - 1 - index) and not last:
+                del seq.token_ids[len(seq.token_ids) - (len(tokens) - 1 - index):]
+                return
+
+    def _detokenize(self, request: Request, seq: Sequence, token_id: int, logprobs, last: bool,
+                    num_after: int) -> bool:
+        """One token's text; True when a stop string ends the sequence at it. last: whether it is
+        the newest token (the scheduler has ended the sequence, if at all, on that one: a stop
+        token, EOS or max_tokens); num_after: tokens appended after it."""
         params = request.params
         state = request.state(seq)
         detokenizer = state.detokenizer
-        if seq.finish_reason == "error":   # its grammar refused this token: the output ends before it
-            state.new_text += detokenizer.finish()
-            return
-        stopped_by_token = seq.finish_reason == "stop" and (
+        stopped_by_token = last and seq.finish_reason == "stop" and (
             token_id in params.stop_token_ids or token_id in self.model_config.eos_token_ids)
+        stopped_here = False
         if not stopped_by_token or params.include_stop_str_in_output:
-            stop_string = detokenizer.add_tokens([token_id], check_stop=seq.can_stop)
+            can_stop = seq.num_output_tokens - num_after > params.min_tokens
+            stop_string = detokenizer.add_tokens([token_id], check_stop=can_stop)
             if stop_string is not None:
                 self.scheduler.finish(seq, "stop", stop_string)
-        text = detokenizer.finish() if seq.is_finished else detokenizer.release()
+                stopped_here = True
+        finished = stopped_here or (last and seq.is_finished)
+        text = detokenizer.finish() if finished else detokenizer.release()
         state.add_token(token_id, text, logprobs)
+        return stopped_here
 
     def _collect_outputs(self, requests: list[Request]) -> list[RequestOutput]:
         outputs = []

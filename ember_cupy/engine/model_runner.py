@@ -1,6 +1,7 @@
 """Turns a scheduled batch into one forward pass over the paged KV pool."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,8 +65,12 @@ def device_kv_bytes(config: EngineConfig, model: ModelConfig, itemsize: int) -> 
 def logits_workspace_bytes(config: EngineConfig, model: ModelConfig) -> int:
     """The float32 logits one step may hold: every scheduled token can be a logits row (prompt
     logprobs score each prompt position), so up to max_num_batched_tokens rows, and the sampler's
-    working copies of its rows, at most max_num_seqs (one per sequence) twice."""
-    rows = config.max_num_batched_tokens + 2 * config.max_num_seqs
+    working copies of its rows twice: one per sequence, or 1 + num_speculative_tokens per
+    sequence with speculative decoding (never more than the step's tokens)."""
+    spec = config.speculative_config
+    per_seq = 1 + (spec.num_speculative_tokens if spec is not None else 0)
+    sampled = min(config.max_num_seqs * per_seq, max(config.max_num_batched_tokens, config.max_num_seqs))
+    rows = config.max_num_batched_tokens + 2 * sampled
     return rows * model.vocab_size * 4
 
 
@@ -117,6 +122,25 @@ class ModelRunner:
             query_start_loc=xp.asarray(np.array([0, 1, 1 + prefill], np.int32)), logits_indices=xp.zeros(1, np.int64))
         return self.model.forward(xp.zeros(1 + prefill, np.int64), metadata, self.kv_caches)
 
+    def time_forward(self, num_tokens: int, context: int = 128) -> float:
+        """Seconds of a forward pass and its logits for num_tokens query rows of one sequence
+        after `context` tokens (a verification's shape; a batch of decodes costs alike in its
+        matmuls). Reads block 0 for every position and writes nothing into the pool."""
+        xp = self.xp
+        total = context + num_tokens
+        self.model.reserve_positions(total)
+        metadata = BatchMetadata(
+            positions=xp.asarray(np.arange(context, total, dtype=np.int32)),
+            slot_mapping=xp.full(num_tokens, -1, np.int32),
+            block_tables=xp.zeros((1, -(-total // self.config.block_size)), np.int32),
+            context_lens=xp.asarray(np.array([total], np.int32)),
+            query_start_loc=xp.asarray(np.array([0, num_tokens], np.int32)),
+            logits_indices=xp.asarray(np.arange(num_tokens, dtype=np.int64)))
+        start = time.perf_counter()
+        logits = self.model.forward(xp.zeros(num_tokens, np.int64), metadata, self.kv_caches)
+        float(logits[0, 0])   # the device finished
+        return time.perf_counter() - start
+
     def execute(self, batch: ScheduledBatch) -> StepLogits:
         """Run the batch; logits of the sequences that sample now, and of prompt positions
         whose logprobs were asked for."""
@@ -155,8 +179,7 @@ class ModelRunner:
         input_ids = np.empty(int(query_start_loc[-1]), dtype=np.int64)
         for row, (seq, num_tokens) in enumerate(scheduled):
             block_tables[row, :len(seq.block_table)] = seq.block_table
-            start = seq.num_computed_tokens
-            input_ids[query_start_loc[row]:query_start_loc[row + 1]] = seq.token_ids[start:start + num_tokens]
+            input_ids[query_start_loc[row]:query_start_loc[row + 1]] = seq.input_token_ids(num_tokens)
         # Position of every row, and its slot in the pool through its sequence's block table.
         row_seq = np.repeat(np.arange(num_seqs), query_lens)
         positions = (np.arange(len(input_ids), dtype=np.int32)
@@ -182,10 +205,14 @@ class ModelRunner:
         rows = _LogitsRows()
         for i, (seq, num_tokens) in enumerate(scheduled):
             start, first_row = seq.num_computed_tokens, int(query_start_loc[i])
-            if start + num_tokens == seq.num_tokens:
-                seqs, seq_rows = (rows.pooled, rows.pooled_rows) if seq.pooled else (rows.sampling, rows.sampling_rows)
-                seqs.append(seq)
-                seq_rows.append(first_row + num_tokens - 1)
+            if start + num_tokens == seq.tokens_with_drafts:
+                last_row = first_row + num_tokens - 1
+                if seq.pooled:
+                    rows.pooled.append(seq)
+                    rows.pooled_rows.append(last_row)
+                else:   # a verification scores its last token and every draft: one row each
+                    rows.sampling.append(seq)
+                    rows.sampling_rows += range(last_row - len(seq.draft_token_ids), last_row + 1)
             last_scored = seq.num_prompt_tokens - 2   # logits at position p score prompt token p + 1
             if seq.params.prompt_logprobs is not None and start <= last_scored:
                 count = min(num_tokens, last_scored - start + 1)
@@ -196,7 +223,7 @@ class ModelRunner:
 @dataclass
 class _LogitsRows:
     sampling: list = field(default_factory=list)        # sequences that sample a token now
-    sampling_rows: list = field(default_factory=list)   # their last row in the batch
+    sampling_rows: list = field(default_factory=list)   # their last row (and their drafts' rows) in the batch
     prompt: list = field(default_factory=list)          # (seq, first position, rows) for prompt logprobs
     pooled: list = field(default_factory=list)          # embedding sequences whose prompt ends now
     pooled_rows: list = field(default_factory=list)     # their last row in the batch
@@ -204,7 +231,7 @@ class _LogitsRows:
 
 @dataclass
 class StepLogits:
-    sampling_logits: object                 # [len(sampling_seqs), vocab]
+    sampling_logits: object                 # [rows, vocab]: each sampling sequence's 1 + len(drafts) rows
     sampling_seqs: list[Sequence]
     prompt_logits: list[tuple[Sequence, int, object]]   # (seq, first position, [rows, vocab])
     pooled_hidden: list[tuple[Sequence, object]] = field(default_factory=list)   # (seq, [hidden])

@@ -224,7 +224,7 @@ class Sampler:
         grammar = self._grammar_masks(seqs, vocab)
         # one uniform per random row from its own generator, drawn even for a row that turns out
         # empty: a seeded stream stays aligned, and host and device draw the same numbers
-        uniforms = [0.0 if seq.params.greedy else self._rng(seq).random() for seq in seqs]
+        uniforms = [0.0 if seq.params.greedy else seq.generator().random() for seq in seqs]
         batch = build_batch(seqs, vocab, self.eos_token_ids, uniforms)
         raw = logits if logits.dtype == np.float32 else logits.astype(np.float32)
         work = raw
@@ -262,12 +262,6 @@ class Sampler:
             seqs[i].constraint.sync(seqs[i].output_token_ids)
         return fill_bitmasks([seqs[i].constraint for i in rows], vocab), np.asarray(rows, dtype=np.int32)
 
-    @staticmethod
-    def _rng(seq: Sequence) -> np.random.Generator:
-        if seq.rng is None:
-            seed = seq.params.seed
-            seq.rng = np.random.default_rng(None if seed is None else [seed % 2**64, seq.index])
-        return seq.rng
 
 
 def to_host(array) -> np.ndarray:

@@ -168,16 +168,28 @@ class Scheduler:
             if seq.num_uncomputed_tokens != 1:
                 index += 1
                 continue
+            self._fit_drafts(seq, budget)
             while not self.block_manager.can_allocate(seq, 1):
                 victim = self.running[-1]
                 self._preempt(victim, batch)
                 if victim is seq:
                     break
             else:
-                self._run(batch, seq, 1)
-                budget -= 1
+                num_tokens = 1 + len(seq.draft_token_ids)
+                self._run(batch, seq, num_tokens)
+                budget -= num_tokens
                 index += 1
+        for seq in self.running[index:]:   # not scheduled this step: their drafts are stale next step
+            seq.draft_token_ids = []
         return budget
+
+    def _fit_drafts(self, seq: Sequence, budget: int) -> None:
+        """Drafts ride along only in room left over: the step's tokens and free KV pages. They
+        never preempt anyone."""
+        drafts = seq.draft_token_ids[:max(0, budget - 1)]
+        if drafts and not self.block_manager.can_allocate(seq, 1 + len(drafts)):
+            drafts = []
+        seq.draft_token_ids = drafts
 
     def _schedule_partial_prefills(self, batch: ScheduledBatch, budget: int) -> int:
         started_now = {id(seq) for seq, _ in batch.scheduled}   # short prompts, run whole
@@ -238,7 +250,7 @@ class Scheduler:
     def _run(self, batch: ScheduledBatch, seq: Sequence, num_tokens: int) -> None:
         batch.block_copies += self.block_manager.allocate(seq, num_tokens)
         batch.scheduled.append((seq, num_tokens))
-        if seq.num_computed_tokens + num_tokens != seq.num_tokens:
+        if seq.num_computed_tokens + num_tokens != seq.tokens_with_drafts:
             return
         if seq.pooled:
             batch.pooled.append(seq)
@@ -261,19 +273,43 @@ class Scheduler:
         parent.num_pending_forks = 0
 
     # --- after the step -----------------------------------------------------------------
-    def update(self, batch: ScheduledBatch, sampled_token_ids) -> list[Sequence]:
+    def update(self, batch: ScheduledBatch, sampled_token_ids) -> list[tuple[Sequence, list[int]]]:
         """Bookkeeping after the forward pass. sampled_token_ids[i] is the token of
-        batch.samples[i]. Returns the sequences that got a token, in that order. The
-        embedding sequences of batch.pooled finish (their blocks stay in the prefix cache)."""
+        batch.samples[i], or, for a sequence that had drafts, the tokens its verification
+        emits (engine/spec_verify.py: the accepted drafts, then the target's own token).
+        Returns each sequence of batch.samples with the tokens appended to it: fewer than given
+        when one of them ends it. The embedding sequences of batch.pooled finish (their blocks
+        stay in the prefix cache)."""
         for seq, num_tokens in batch.scheduled:
-            seq.num_computed_tokens += num_tokens
-            self.block_manager.cache_full_blocks(seq)
+            if not seq.draft_token_ids:   # a verifying sequence advances by what it accepts, below
+                seq.num_computed_tokens += num_tokens
+                self.block_manager.cache_full_blocks(seq)
         for seq in batch.pooled:
             self.finish(seq, "stop")
         now = time.monotonic()
-        for (seq, _), token_id in zip(batch.samples, sampled_token_ids, strict=True):
-            self._append_token(seq, int(token_id), now)
-        return [seq for seq, _ in batch.samples]
+        appended = []
+        for (seq, _), tokens in zip(batch.samples, sampled_token_ids, strict=True):
+            tokens = [int(t) for t in tokens] if isinstance(tokens, (list, tuple)) else [int(tokens)]
+            if seq.draft_token_ids:
+                self._accept_drafts(seq, len(tokens) - 1)
+            taken = []
+            for token_id in tokens:
+                self._append_token(seq, token_id, now)
+                taken.append(token_id)
+                if seq.is_finished:
+                    break
+            if len(tokens) > 1 and not seq.is_finished:
+                self.block_manager.cache_full_blocks(seq)
+            appended.append((seq, taken))
+        return appended
+
+    def _accept_drafts(self, seq: Sequence, num_accepted: int) -> None:
+        """The step computed seq's last token and its drafts; only the last token and the first
+        num_accepted drafts stay computed. The KV pages past them go back to the pool (the
+        positions they held are written again when computed next)."""
+        seq.num_computed_tokens += 1 + num_accepted
+        seq.draft_token_ids = []
+        self.block_manager.trim(seq)
 
     def _append_token(self, seq: Sequence, token_id: int, now: float) -> None:
         if seq.constraint is not None and seq.constraint.failed:   # a token its grammar refused
@@ -298,6 +334,7 @@ class Scheduler:
         """Recompute preemption: drop seq's KV, keep its tokens, requeue it first."""
         self.running.remove(seq)
         self.block_manager.free(seq)
+        seq.draft_token_ids = []
         seq.status = SequenceStatus.WAITING
         seq.stats.num_preemptions += 1
         self._preempted.add(id(seq))

@@ -95,6 +95,11 @@ class Sequence:
     # An embedding request's sequence (ember_cupy/engine/pooling.py): prefill only; the row of
     # its last prompt token is pooled instead of sampled, and it finishes there.
     pooled: bool = False
+    # Speculative decoding: the tokens drafted to follow token_ids, verified by this step's
+    # forward pass (scheduled after the last token; never in token_ids until accepted), and the
+    # running estimate of how often its drafted tokens are accepted (engine/speculator.py).
+    draft_token_ids: list[int] = field(default_factory=list)
+    draft_acceptance: float | None = None
 
     def __post_init__(self):
         if not self.token_ids:
@@ -110,6 +115,33 @@ class Sequence:
         if self.constraint is not None:
             child.constraint = self.constraint.fork()
         return child
+
+    def generator(self) -> np.random.Generator:
+        """The random stream of its sampled tokens: seeded by (seed, index), so each of the n
+        samples of a seeded request draws its own numbers whatever runs beside it."""
+        if self.rng is None:
+            seed = self.params.seed
+            self.rng = np.random.default_rng(None if seed is None else [seed % 2**64, self.index])
+        return self.rng
+
+    def verification_view(self, num_accepted: int) -> Sequence:
+        """The sequence as it would stand with its first num_accepted drafts accepted: what the
+        sampler reads to sample the token after them (penalties, min_tokens and logit_bias see
+        those tokens). It shares the random stream, so its draw is the one that token would get."""
+        self.generator()
+        return dataclasses.replace(self, token_ids=self.token_ids + self.draft_token_ids[:num_accepted],
+                                   draft_token_ids=[], constraint=None)
+
+    @property
+    def tokens_with_drafts(self) -> int:
+        """Tokens a step may compute up to: token_ids and the drafts after them."""
+        return len(self.token_ids) + len(self.draft_token_ids)
+
+    def input_token_ids(self, num_tokens: int) -> list[int]:
+        """The next num_tokens tokens to compute, drafts included."""
+        start = self.num_computed_tokens
+        tokens = self.token_ids[start:start + num_tokens]
+        return tokens + self.draft_token_ids[:num_tokens - len(tokens)]
 
     @property
     def can_stop(self) -> bool:

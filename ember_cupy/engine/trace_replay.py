@@ -88,7 +88,7 @@ class TraceReplay:
         for child in batch.forked:
             self._seqs[child.request_id].append(child)
         tokens = [_token(seq.request_id, seq.index, seq.num_tokens) % self.vocab_size for seq, _ in batch.samples]
-        touched = {seq.request_id for seq in self.scheduler.update(batch, tokens)}
+        touched = {seq.request_id for seq, _ in self.scheduler.update(batch, tokens)}
         for request_id in touched:
             seqs = self._seqs[request_id]
             if all(seq.is_finished for seq in seqs):

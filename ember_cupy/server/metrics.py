@@ -56,6 +56,7 @@ class EngineMetrics:
         self._define_state_series()
         self._define_request_series()
         self._prefix_seen = (0, 0)
+        self._spec_seen = None
         self._cache_info_set = False
 
     # --- definitions ------------------------------------------------------------------
@@ -167,6 +168,33 @@ class EngineMetrics:
             self.prefix_cache_queries.inc(stats.queries - queries)
             self.prefix_cache_hits.inc(stats.hits - hits)
         self._prefix_seen = (stats.queries, stats.hits)
+        self._count_spec_decode(getattr(engine, "spec_decode_stats", None))
+
+    def _define_spec_decode_series(self) -> None:
+        """vLLM's spec_decode_* counters, served (as in vLLM) only when speculation is configured."""
+        counter = lambda name, doc: self._labelled(Counter, name, doc)   # noqa: E731
+        self.spec_decode_num_drafts = counter("spec_decode_num_drafts",
+                                              "Speculative decoding: verifications (a sequence's drafts in a step).")
+        self.spec_decode_num_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified.")
+        self.spec_decode_num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self._spec_decode_accepted_per_pos = self._labelled(
+            Counter, "spec_decode_num_accepted_tokens_per_pos", "Accepted draft tokens by position (from 0).",
+            extra=("position",))
+
+    def _count_spec_decode(self, stats) -> None:
+        """The engine's cumulative speculative-decoding counts (engine/speculator.py), as counters."""
+        if stats is None:
+            return
+        if self._spec_seen is None:
+            self._define_spec_decode_series()
+        seen = self._spec_seen or (0, 0, 0, [0] * len(stats.accepted_per_position))
+        now = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens, list(stats.accepted_per_position))
+        self.spec_decode_num_drafts.inc(now[0] - seen[0])
+        self.spec_decode_num_draft_tokens.inc(now[1] - seen[1])
+        self.spec_decode_num_accepted_tokens.inc(now[2] - seen[2])
+        for position, (count, before) in enumerate(zip(now[3], seen[3])):
+            self._spec_decode_accepted_per_pos.labels(self.model_name, ENGINE_INDEX, str(position)).inc(count - before)
+        self._spec_seen = now
 
     def _set_cache_config(self, engine) -> None:
         bm = engine.block_manager

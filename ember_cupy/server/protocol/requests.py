@@ -106,6 +106,9 @@ class SamplingFields(ProtocolModel):
     prompt_logprobs: Integer | None = Field(None, ge=0, le=MAX_LOGPROBS,
                                         description="Top-k logprobs of every prompt token (vLLM).", examples=[1])
     structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's output constraints.")
+    speculative: bool = Field(True, description="false: no speculative decoding for this request on a server "
+                              "started with --speculative-config (the output is the same either way; only "
+                              "its speed and the server's compute per token change).", examples=[False])
     user: str | None = Field(None, description=IGNORED, examples=["user-1"])
     metadata: Metadata | None = Field(None, description=IGNORED + " " + METADATA_DESCRIPTION, examples=[{"k": "v"}])
     store: bool | None = Field(None, description=IGNORED, examples=[False])

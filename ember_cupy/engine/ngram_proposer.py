@@ -1,0 +1,32 @@
+"""Prompt-lookup drafts (vLLM's "ngram" method): the tokens that followed an earlier occurrence of
+the sequence's last n tokens, in its prompt or its output.
+
+The longest n in [prompt_lookup_min, prompt_lookup_max] whose last-n-gram occurs earlier wins; of
+its occurrences, the earliest (vLLM's choice); up to num_speculative_tokens of the tokens that
+follow it, fewer when the context ends first. No occurrence: no draft.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+
+class NgramProposer:
+    def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int):
+        self.min_n = prompt_lookup_min
+        self.max_n = prompt_lookup_max
+
+    def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
+        """At most max_tokens drafted tokens to follow token_ids."""
+        total = len(token_ids)
+        if max_tokens <= 0 or total <= self.min_n:
+            return []
+        tokens = np.asarray(token_ids, dtype=np.int64)
+        for n in range(min(self.max_n, total - 1), self.min_n - 1, -1):
+            # windows starting at 0 .. total - n - 1: every occurrence but the suffix itself
+            windows = sliding_window_view(tokens[:total - 1], n)
+            hits = np.flatnonzero((windows == tokens[total - n:]).all(axis=1))
+            if len(hits):
+                start = int(hits[0]) + n
+                return tokens[start:start + max_tokens].tolist()
+        return []

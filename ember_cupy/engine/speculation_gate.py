@@ -1,0 +1,48 @@
+"""Whether drafts pay this step, and which: the choice that maximises the expected tokens emitted
+per second, from measured step costs (engine/step_costs.py) and each sequence's acceptance.
+
+A step of N tokens (its decodes and prompt tokens) takes T(N) and emits one token per decode,
+B in all. A draft token that rides along costs its row: with D of them the step takes T(N + D).
+The i-th draft of a sequence (i from 1) is emitted only if it and every one before it are
+accepted: with a per-token acceptance a, probability a**i (the geometric model of Leviathan et
+al.). Each draft token is thus a unit worth a**i expected tokens; units are taken best first
+(within a sequence that is its first draft first) and the prefix with the best rate
+(B + sum of their worth) / T(N + D) is kept, when it beats B / T(N) by MIN_GAIN at least.
+
+So speculation switches off when the batch is large enough that rows stop being free (T grows in
+proportion), and a sequence whose acceptance stays low stops drafting (its units are worth
+little), without a threshold to tune for either.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+MIN_GAIN = 1.02   # a 2% better rate at least: a tie in measured costs is noise, not a reason
+
+
+@dataclass
+class Candidate:
+    num_drafts: int      # tokens its proposer offers
+    acceptance: float    # estimated probability that a draft token is accepted, given the ones before
+
+
+def choose_drafts(candidates: list[Candidate], num_decodes: int, num_tokens: int,
+                  step_seconds: Callable[[int], float]) -> list[int]:
+    """How many of its drafts each candidate keeps (0: none). num_decodes: the step's decoding
+    sequences; num_tokens: its tokens without drafts; step_seconds(n): the time of a step of n."""
+    units = sorted(((c.acceptance ** (i + 1), i, index) for index, c in enumerate(candidates)
+                    for i in range(c.num_drafts)), key=lambda u: (-u[0], u[1], u[2]))
+    best = MIN_GAIN * num_decodes / step_seconds(num_tokens)
+    best_count, worth = 0, 0.0
+    for count, (value, _, _) in enumerate(units, 1):
+        if value <= 0:
+            break
+        worth += value
+        rate = (num_decodes + worth) / step_seconds(num_tokens + count)
+        if rate > best:
+            best, best_count = rate, count
+    kept = [0] * len(candidates)
+    for _, _, index in units[:best_count]:
+        kept[index] += 1
+    return kept

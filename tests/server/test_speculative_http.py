@@ -1,0 +1,65 @@
+"""Issue 27 through HTTP: a server started with a speculative config replies as the plain one,
+counts vLLM's spec_decode_* series, and honours a request's `"speculative": false`."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from server_helpers import MODEL, http, metric
+
+from ember_cupy.engine.llm_engine import LLMEngine
+from ember_cupy.engine.step_costs import StepCosts
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
+TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat by the door."
+PROMPT = f"Copy this sentence.\nSentence: {TEXT}\nCopy: The quick brown"
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+
+
+class FreeVerification(StepCosts):
+    measured = True
+
+    def record(self, num_tokens, seconds):
+        pass
+
+    def seconds(self, num_tokens):
+        return 1.0
+
+
+def _always_speculating(checkpoint, config):
+    engine = LLMEngine(checkpoint, config)
+    engine.speculator.costs = FreeVerification()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def spec_url(start_server):
+    return start_server(engine_factory=_always_speculating, speculative_config=NGRAM).url
+
+
+def _complete(url: str, **fields) -> tuple[int, dict]:
+    status, _, raw = http(url, "POST", "/v1/completions",
+                          {"model": MODEL, "prompt": PROMPT, "max_tokens": 24, "temperature": 0, **fields})
+    return status, json.loads(raw)
+
+
+def test_speculative_server_replies_as_the_plain_one_and_counts_drafts(spec_url, base_url):
+    status, reply = _complete(spec_url)
+    assert status == 200, reply
+    assert reply["choices"][0]["text"] == _complete(base_url)[1]["choices"][0]["text"]
+    drafts, accepted = metric(spec_url, DRAFTS), metric(spec_url, "vllm:spec_decode_num_accepted_tokens_total")
+    assert drafts > 0 and 0 < accepted <= metric(spec_url, "vllm:spec_decode_num_draft_tokens_total")
+    per_position = [metric(spec_url, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(p))
+                    for p in range(3)]
+    assert per_position[0] > 0 and sum(per_position) == accepted
+    assert metric(spec_url, "ember:spec_decode_num_drafts_total") == drafts
+    assert metric(base_url, DRAFTS) is None   # served only where speculation is configured
+
+
+def test_a_request_opts_out_with_speculative_false(spec_url):
+    before = metric(spec_url, DRAFTS) or 0
+    status, reply = _complete(spec_url, speculative=False)
+    assert status == 200, reply
+    assert metric(spec_url, DRAFTS) == before
+    status, reply = _complete(spec_url, speculative="sometimes")
+    assert status == 400 and reply["error"]["param"] == "speculative", reply

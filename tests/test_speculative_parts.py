@@ -1,0 +1,78 @@
+"""Issue 27's model-free parts: prompt lookup (vLLM's semantics), verification, the gate's choice
+from step costs, the cost table, and the configuration's validation."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ember_cupy.config import EngineConfig
+from ember_cupy.engine.ngram_proposer import NgramProposer
+from ember_cupy.engine.spec_verify import accepted_count, verified_tokens
+from ember_cupy.engine.speculation_gate import Candidate, choose_drafts
+from ember_cupy.engine.step_costs import StepCosts
+from ember_cupy.speculative_config import SpeculativeConfig
+
+
+def test_prompt_lookup_takes_the_longest_suffix_match_and_its_earliest_occurrence():
+    assert NgramProposer(2, 3).propose([1, 2, 3, 4, 2, 3], 4) == [4, 2, 3]   # vLLM's docstring example
+    # [5, 6, 7] matches at 0 (3-gram) and [6, 7] also at 4: the longest wins
+    assert NgramProposer(2, 3).propose([5, 6, 7, 8, 6, 7, 9, 5, 6, 7], 2) == [8, 6]
+    # the 2-gram [1, 2] occurs at 0 and 3: the earliest
+    assert NgramProposer(2, 2).propose([1, 2, 7, 1, 2, 8, 1, 2], 3) == [7, 1, 2]
+    assert NgramProposer(2, 4).propose([1, 2, 3, 4], 4) == []                   # no earlier occurrence
+    assert NgramProposer(2, 4).propose([1, 2, 1, 2], 0) == []                   # no room
+    assert NgramProposer(3, 3).propose([1, 2], 4) == []                         # shorter than the n-gram
+    assert NgramProposer(1, 1).propose([9, 9, 9], 5) == [9, 9]                  # overlapping match, up to the end
+
+
+def test_verification_keeps_the_agreeing_prefix_and_the_targets_next_token():
+    assert accepted_count([4, 5, 6], [4, 5, 7, 8]) == 2
+    assert verified_tokens([4, 5, 6], [4, 5, 7, 8]) == [4, 5, 7]      # correction at the rejection
+    assert verified_tokens([4, 5, 6], [4, 5, 6, 8]) == [4, 5, 6, 8]   # all kept: the bonus token
+    assert verified_tokens([4, 5, 6], [1, 5, 6, 8]) == [1]
+
+
+def test_the_gate_follows_costs_and_acceptance():
+    free = lambda n: 1.0                     # noqa: E731
+    linear = lambda n: float(n)              # noqa: E731
+    knee = lambda n: 1.0 if n <= 8 else n / 8.0   # rows free up to 8, then each costs its share  # noqa: E731
+    good, poor = Candidate(4, 0.9), Candidate(4, 0.05)
+    assert choose_drafts([good], 1, 1, free) == [4]
+    assert choose_drafts([good], 1, 1, linear) == [0]
+    assert choose_drafts([Candidate(4, 0.0)], 1, 1, free) == [0]          # worthless drafts cost nothing, gain nothing
+    # one decode alone: the good sequence drafts up to the knee; 16 decodes: no room under the knee
+    assert choose_drafts([good, poor], 2, 2, knee) == [4, 2]
+    assert choose_drafts([good] * 16, 16, 16, knee) == [0] * 16
+    # rows cost a little: the good sequence drafts, the poor one does not
+    cheap = lambda n: 1.0 + 0.05 * n         # noqa: E731
+    assert choose_drafts([good, poor], 2, 2, cheap) == [4, 0]
+
+
+def test_step_costs_interpolate_between_measured_sizes_and_follow_new_measurements():
+    costs = StepCosts()
+    assert not costs.measured
+    costs.calibrate(lambda n: 0.01 + 0.001 * n, 16)
+    assert costs.measured
+    assert costs.seconds(4) == pytest.approx(0.014)
+    assert costs.seconds(6) == pytest.approx(0.016)     # between 4 and 8
+    assert costs.seconds(32) == pytest.approx(0.042)    # past 16: along the last two
+    for _ in range(50):
+        costs.record(4, 0.1)
+    assert costs.seconds(4) == pytest.approx(0.1, rel=1e-3)
+
+
+def test_speculative_config_takes_vllm_keys_and_refuses_bad_ones():
+    cfg = SpeculativeConfig.from_value('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}')
+    assert (cfg.prompt_lookup_min, cfg.prompt_lookup_max) == (4, 4)
+    assert SpeculativeConfig(num_speculative_tokens=2).prompt_lookup_min == 5
+    assert SpeculativeConfig(num_speculative_tokens=2, model="draft.gguf").method == "draft_model"
+    engine = EngineConfig(speculative_config={"num_speculative_tokens": 2, "prompt_lookup_min": 2})
+    assert engine.speculative_config == SpeculativeConfig(2, "ngram", 2, 2)
+    bad = [{"num_speculative_tokens": 0}, {"num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2},
+           {"num_speculative_tokens": 2, "method": "eagle"}, {"num_speculative_tokens": 2, "typo": 1},
+           {"method": "ngram"}, {"num_speculative_tokens": 2, "method": "draft_model"},
+           {"num_speculative_tokens": True}, "[1]", "{not json"]
+    for value in bad:
+        with pytest.raises(ValueError, match="speculative_config"):
+            EngineConfig(speculative_config=value if isinstance(value, str) else json.dumps(value))
