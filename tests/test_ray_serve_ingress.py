@@ -11,6 +11,8 @@ pytest.importorskip("ray.serve", reason="needs the ray extra: pip install 'ember
 
 from tiny_model import write_tiny_checkpoint  # noqa: E402
 
+from ember_cupy.engine_client import ModelInfo  # noqa: E402
+
 
 class _Method:
     def __init__(self, answer):
@@ -22,8 +24,9 @@ class _Method:
 
 def _engine_handle() -> SimpleNamespace:
     """What RemoteEngine.start reads of an engine replica's `info`."""
-    info = {"config": SimpleNamespace(block_size=16), "model_config": SimpleNamespace(), "max_model_len": 64,
-            "quantization": "none", "weight_bytes": 0, "kv_cache_blocks": 8}
+    info = {"model_info": ModelInfo(max_model_len=64, vocab_size=49152, hidden_size=576, policy="fcfs",
+                                    max_num_seqs=4, block_size=16, quantization="none", weight_bytes=0,
+                                    kv_cache_blocks=8, runtime={}, sampling_defaults={})}
     return SimpleNamespace(info=_Method(info))
 
 
