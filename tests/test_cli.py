@@ -97,16 +97,7 @@ def test_serve_takes_the_model_positionally_and_vllm_flag_names():
                              "--kv-cache-memory-bytes", "24MiB"],
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "the server did not become healthy"
-            try:
-                if _get(port, "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
+        _healthy(proc, port)
         card = json.loads(_get(port, "/v1/models")[1])["data"][0]
         assert card["id"] == "SmolLM2-135M-Instruct.Q4_1" and card["root"] == model
         assert json.loads(_get(port, "/version")[1])["kv_cache_blocks"] == 40
