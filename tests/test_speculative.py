@@ -4,26 +4,15 @@ preemption), its KV pages roll back, and the gate follows the measured costs."""
 from __future__ import annotations
 
 import pytest
+from step_cost_stand_ins import FreeVerification
 
 from ember_cupy import SamplingParams
-from ember_cupy.engine.step_costs import StepCosts
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 SOURCE = ("A small, low-dependency LLM inference engine in Python, built on four pillars: continuous "
           "batching, fine-grained scheduling, a paged KV cache with prefix caching, and exact sampling.")
 COPY_PROMPT = f"Repeat the following text exactly.\n\nText: {SOURCE}\n\nRepeated text: {SOURCE[:40]}"
 FREE_PROMPT = "Write a short story about a lighthouse keeper."
-
-
-class FreeVerification(StepCosts):
-    """A step costs the same whatever its size: the gate keeps every draft."""
-    measured = True
-
-    def record(self, num_tokens, seconds):
-        pass
-
-    def seconds(self, num_tokens):
-        return 1.0
 
 
 class LinearCosts(FreeVerification):

@@ -8,26 +8,16 @@ import math
 from collections import Counter
 
 import pytest
+from step_cost_stand_ins import FreeVerification
 from tiny_model import write_tiny_checkpoint
 
 from ember_cupy import LLM, SamplingParams
-from ember_cupy.engine.step_costs import StepCosts
 
 SAMPLES = 1500
 PROMPT = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4, 5]   # prompt lookup drafts from it after any of 3, 4, 5, 6
 MAX_TOKENS = 6
 # the drafted tokens made likely enough that drafts are often accepted, often rejected
 BIAS = {6: 4.0, 3: 4.0, 4: 4.0, 5: 4.0}
-
-
-class FreeVerification(StepCosts):
-    measured = True
-
-    def record(self, num_tokens, seconds):
-        pass
-
-    def seconds(self, num_tokens):
-        return 1.0
 
 
 def _tokens(llm, first_seed: int) -> list[list[int]]:

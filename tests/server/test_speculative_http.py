@@ -6,24 +6,14 @@ import json
 
 import pytest
 from server_helpers import MODEL, http, metric
+from step_cost_stand_ins import FreeVerification
 
 from ember_cupy.engine.llm_engine import LLMEngine
-from ember_cupy.engine.step_costs import StepCosts
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
 TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat by the door."
 PROMPT = f"Copy this sentence.\nSentence: {TEXT}\nCopy: The quick brown"
 DRAFTS = "vllm:spec_decode_num_drafts_total"
-
-
-class FreeVerification(StepCosts):
-    measured = True
-
-    def record(self, num_tokens, seconds):
-        pass
-
-    def seconds(self, num_tokens):
-        return 1.0
 
 
 def _always_speculating(checkpoint, config):
