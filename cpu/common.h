@@ -1,8 +1,10 @@
 /* Shared by the host kernels in cpu/: exports, fp16 conversion, ISA selection, threads.
  *
  * Each kernel file is compiled once per machine by ember_cupy/ops/_host.py with flags chosen from
- * the CPU's features: the SIMD paths below are picked by the compiler's own predefined macros
- * (__AVX512VNNI__, __AVX2__), so the same source also builds as plain C with any compiler.
+ * the CPU's features: the x86 SIMD paths below are picked by the compiler's own predefined macros
+ * (__AVX512VNNI__, __AVX2__), so the same source also builds as plain C with any compiler. Every
+ * aarch64 compiler has NEON, so the ARM paths are asked for by name (EMBER_USE_NEON, with
+ * __ARM_FEATURE_DOTPROD from -march=armv8.2-a+dotprod): without it aarch64 builds plain C too.
  * Kernels compute every output element in an order that does not depend on the batch (the rows
  * of x processed together), so results are batch invariant.
  */
@@ -16,6 +18,10 @@
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#if defined(EMBER_USE_NEON) && defined(__aarch64__)
+#include <arm_neon.h>
+#define EMBER_NEON 1
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -28,6 +34,10 @@
 #define EMBER_ISA "avx512vnni"
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define EMBER_ISA "avx2"
+#elif defined(EMBER_NEON) && defined(__ARM_FEATURE_DOTPROD)
+#define EMBER_ISA "neon-dotprod"
+#elif defined(EMBER_NEON)
+#define EMBER_ISA "neon"
 #else
 #define EMBER_ISA "portable"
 #endif

@@ -1,13 +1,14 @@
 """Host kernels (cpu/*.c) against their NumPy twins, on every ISA path this CPU can run."""
 import ctypes
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import quantize
 
-from ember_cupy.ops import _host
+from ember_cupy.ops import _host, host_build
 from ember_cupy.ops.linear import matmul_q, matmul_q_numpy
 from ember_cupy.ops.pack import pack_host
 from ember_cupy.packed_weight import LAYOUTS, StackedWeight, pack, to_kernel_format
@@ -57,6 +58,30 @@ def test_best_isa_follows_the_cpu_flags():
     assert _host.best_isa(avx512 | {"amx_tile", "amx_int8"}) == "avx512amx"
 
 
+CPUINFO = Path(__file__).parent / "fixtures" / "cpuinfo"
+
+
+@pytest.mark.parametrize("machine, isa, has_i8mm", [("raspberry_pi5_cortex_a76", "neon-dotprod", False),
+                                                    ("graviton3_neoverse_v1", "neon-dotprod", True),
+                                                    ("raspberry_pi3_cortex_a53", "neon", False)])
+def test_arm_cpus_take_their_path_from_the_features_line(machine, isa, has_i8mm):
+    flags = _host.parse_cpu_flags((CPUINFO / f"{machine}.txt").read_text())
+    assert "asimd" in flags and ("i8mm" in flags) == has_i8mm
+    assert _host.best_isa(flags) == isa
+
+
+def test_x86_flags_are_read_from_the_flags_line_not_vmx_flags():
+    text = "processor\t: 0\nflags\t\t: fpu avx2 fma f16c\nvmx flags\t: ept vpid\n\nprocessor\t: 1\nflags\t\t: fpu\n"
+    assert _host.parse_cpu_flags(text) == {"fpu", "avx2", "fma", "f16c"}
+
+
+def test_each_architecture_builds_its_own_paths():
+    assert host_build.machine_isas("x86_64")[-1] == host_build.machine_isas("aarch64")[-1] == "portable"
+    assert set(host_build.machine_isas("aarch64")) == {"neon-dotprod", "neon", "portable"}
+    assert host_build.machine_isas("arm64") == host_build.machine_isas("aarch64")
+    assert "-DEMBER_USE_NEON" in host_build.flags("neon") and "+dotprod" in " ".join(host_build.flags("neon-dotprod"))
+
+
 def test_a_path_the_os_refuses_falls_back_to_the_next(monkeypatch, caplog):
     """AMX needs the kernel's permission (arch_prctl): refused, the AVX-512 path loads instead."""
     tried = []
@@ -76,8 +101,9 @@ def test_a_path_the_os_refuses_falls_back_to_the_next(monkeypatch, caplog):
 
 
 def test_every_isa_path_compiles():
-    """The AVX-512 VNNI path builds here even where the CPU cannot run it (a compile check)."""
-    for isa in _host.ISA_FLAGS:
+    """Every path of this architecture builds here even where the CPU cannot run it (a compile
+    check); the other architecture's paths: tests/test_host_aarch64.py."""
+    for isa in host_build.machine_isas():
         assert _host._build(isa).exists()
 
 

@@ -5,7 +5,8 @@ checkout, or a path the package lacks, compiles them on first use with the machi
 cached on disk (keyed by source hash + flags + compiler version).
 
 ISA paths: `avx512amx` (AVX-512 VNNI plus AMX tiles for matmuls of 8 rows or more, where Linux
-grants the tiles), `avx512vnni`, `avx2`, `portable` (plain C any compiler builds). `EMBER_HOST_ISA`
+grants the tiles), `avx512vnni`, `avx2`; on aarch64 `neon-dotprod` (Armv8.2 SDOT) and `neon`;
+`portable` (plain C any compiler builds). `EMBER_HOST_ISA`
 forces one; `EMBER_HOST_KERNELS=0` turns host kernels off (the NumPy twins run instead);
 `EMBER_NUM_THREADS` sets the kernels' thread count (default: the CPUs this process may use), and
 `EMBER_SPIN_US` how long idle workers spin before sleeping (cpu/threadpool.h).
@@ -34,6 +35,8 @@ ISA_CPU_FLAGS = {
     "avx512amx": _AVX512_CPU_FLAGS | {"amx_tile", "amx_int8"},
     "avx512vnni": _AVX512_CPU_FLAGS,
     "avx2": {"avx2", "fma", "f16c"},
+    "neon-dotprod": {"asimd", "asimddp"},
+    "neon": {"asimd"},
     "portable": set(),
 }
 
@@ -51,16 +54,23 @@ class NoCompilerError(HostKernelError):
 HOST_SOURCE_DIR = kernel_source_dir("cpu", "EMBER_HOST_SOURCES")
 
 
+def parse_cpu_flags(cpuinfo: str) -> set[str]:
+    """The first processor's feature flags in a /proc/cpuinfo text: x86 lists them as `flags`,
+    ARM as `Features`."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
 def cpu_flags() -> set[str]:
     """The feature flags of this CPU as /proc/cpuinfo names them (empty where unreadable)."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+            return parse_cpu_flags(f.read())
     except OSError:
-        pass
-    return set()
+        return set()
 
 
 def best_isa(flags: set[str] | None = None) -> str:

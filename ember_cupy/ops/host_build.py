@@ -21,6 +21,9 @@ ISA_FLAGS = {
     "avx512amx": (*_AVX512_FLAGS, "-mamx-tile", "-mamx-int8"),
     "avx512vnni": _AVX512_FLAGS,
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
+    # aarch64 always has NEON, so its paths are asked for by name: "portable" stays plain C there
+    "neon-dotprod": ("-march=armv8.2-a+dotprod", "-DEMBER_USE_NEON"),
+    "neon": ("-march=armv8-a", "-DEMBER_USE_NEON"),
     "portable": (),
 }
 BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-pthread", "-ffp-contract=off",
@@ -30,6 +33,8 @@ BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-pthread", "-ffp-contract=
 ISAS_BY_MACHINE = {
     "x86_64": ("avx512amx", "avx512vnni", "avx2", "portable"),
     "amd64": ("avx512amx", "avx512vnni", "avx2", "portable"),
+    "aarch64": ("neon-dotprod", "neon", "portable"),
+    "arm64": ("neon-dotprod", "neon", "portable"),
 }
 
 PREBUILT_DIR = Path(__file__).resolve().parent / "prebuilt"
