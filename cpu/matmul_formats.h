@@ -76,8 +76,8 @@ static inline float f16_field(const uint8_t *rec, int field, int n) {
     return ember_f16_to_f32(ember_load_u16(rec + 16 * field + 2 * n));
 }
 
-static void block_portable(const uint8_t *group, int32_t wtype, int64_t b, int n, const int8_t *xb, float xd,
-                           float xs, float *acc) {
+static inline void block_portable(const uint8_t *group, int32_t wtype, int64_t b, int n, const int8_t *xb, float xd,
+                                  float xs, float *acc) {
     const uint8_t *rec = record_of(group, wtype, b), *body = body_of(group, wtype, b);
     const int bi = (int)(b % FORMATS[wtype].blocks);
     int32_t half[2];
@@ -97,7 +97,7 @@ static void block_portable(const uint8_t *group, int32_t wtype, int64_t b, int n
     }
 }
 
-#if !defined(__AVX2__)
+#if !defined(__AVX2__) && !defined(EMBER_NEON)
 static void group_tile_formats_portable(const uint8_t *g, int32_t wtype, int64_t nb, const int8_t *xq, int64_t K,
                                         const float *xd, const float *xs, const int R, float out[][8]) {
     for (int r = 0; r < R; r++)

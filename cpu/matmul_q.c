@@ -37,7 +37,9 @@
 #define PREFETCH_BYTES 1024          /* weights streamed from DRAM: ask for them this far ahead */
 #endif
 enum { WTYPE_Q8_0 = 0, WTYPE_Q4_1 = 1 };   /* the others: cpu/matmul_formats.h */
+#if !defined(EMBER_NEON)                /* the NEON paths step by record_of() */
 static const int64_t RECORD_BYTES[] = {16 + 256, 32 + 128};
+#endif
 
 EMBER_EXPORT const char *ember_isa(void) { return EMBER_ISA; }
 
@@ -184,7 +186,7 @@ static inline __attribute__((always_inline)) void group_tile(
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r], acc[r]);
 }
-#else
+#elif !defined(EMBER_NEON)                /* NEON: cpu/matmul_neon.h */
 static inline void group_tile(const uint8_t *g, int32_t wtype, int64_t nb, const int8_t *xq,
                               int64_t K, const float *xd, const float *xs, const int R,
                               float out[MR][ROWS]) {
@@ -308,6 +310,9 @@ static inline __attribute__((always_inline)) void group_pair_tile(
 #endif
 
 #include "matmul_formats.h"
+#if defined(EMBER_NEON)
+#include "matmul_neon.h"
+#endif
 
 #if defined(PAIRED_GROUPS) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 /* AMX: a weight-group pair's block is one tile B (8 rows of 64 bytes: row k4 holds k = 4 k4..4 k4+3
@@ -501,7 +506,7 @@ static inline __attribute__((always_inline)) void format_groups(
     for (; g < g1; g++) {
         const uint8_t *gw = w + g * group_bytes;
         int64_t m = m0;
-#if defined(__AVX2__)
+#if defined(__AVX2__) || defined(EMBER_NEON)
 #define TILE(R) do { const struct quantized_x at = x_from(x, m); \
                      group_tile_formats(gw, W, x->nb, at.q, x->K, at.d, at.s, at.sum, at.sum_lo, R, out); \
                      store_tile(out, R, passes, g * ROWS, N, y + (m / passes) * ldy, ldy); } while (0)

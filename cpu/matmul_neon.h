@@ -1,0 +1,185 @@
+/* The aarch64 NEON paths of cpu/matmul_q.c (included by it, after cpu/matmul_formats.h): one group
+ * of 8 weight rows against R rows of x, for every format, in the packed layout the x86 paths read.
+ * A value vector V_j (k = 4j..4j+3 of the 8 rows) is two 128-bit registers, rows 0-3 and rows 4-7;
+ * 16 bytes of it times 4 broadcast bytes of x give 4 rows' partial dot products in 4 int32 lanes:
+ * one SDOT on the neon-dotprod path; on plain NEON, 8-bit products widened to 16 bits (SMULL) and
+ * pair-added into 32 (SADALP), the pairs folded at the end (ADDP). Every value is below 128 (Q8_0
+ * is int8 already), so one signed dot product serves all formats. The integer sums are exact and
+ * the float steps are the portable path's (f16 -> f32 exact, fused multiply-adds, same order):
+ * results equal the portable and x86 paths bit for bit (tests/test_host_aarch64.py). */
+#ifndef EMBER_CPU_MATMUL_NEON_H
+#define EMBER_CPU_MATMUL_NEON_H
+
+#if defined(__ARM_FEATURE_DOTPROD)
+typedef int32x4_t dot4_t;
+static inline dot4_t dot4_zero(void) { return vdupq_n_s32(0); }
+static inline dot4_t dot4_add(dot4_t acc, int8x16_t w, int8x16_t x) { return vdotq_s32(acc, w, x); }
+static inline int32x4_t dot4_sums(dot4_t acc) { return acc; }
+#else
+typedef struct { int32x4_t lo, hi; } dot4_t;     /* lanes: the halves of rows 0, 0, 1, 1 / 2, 2, 3, 3 */
+static inline dot4_t dot4_zero(void) { return (dot4_t){vdupq_n_s32(0), vdupq_n_s32(0)}; }
+static inline dot4_t dot4_add(dot4_t acc, int8x16_t w, int8x16_t x) {
+    acc.lo = vpadalq_s16(acc.lo, vmull_s8(vget_low_s8(w), vget_low_s8(x)));
+    acc.hi = vpadalq_s16(acc.hi, vmull_high_s8(w, x));
+    return acc;
+}
+static inline int32x4_t dot4_sums(dot4_t acc) { return vpaddq_s32(acc.lo, acc.hi); }
+#endif
+
+static inline int8x16_t bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return vreinterpretq_s8_s32(vdupq_n_s32(v));
+}
+
+/* 8 f16 fields (the 8 rows) as rows 0-3 and 4-7 */
+static inline void load_f16x8(const uint8_t *p, float32x4_t f[2]) {
+    const uint16x8_t h = vld1q_u16((const uint16_t *)p);
+    f[0] = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h)));
+    f[1] = vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(h)));
+}
+
+static inline void u8x8_f32(const uint8_t *p, float32x4_t f[2]) {
+    const uint16x8_t u = vmovl_u8(vld1_u8(p));
+    f[0] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(u)));
+    f[1] = vcvtq_f32_u32(vmovl_u16(vget_high_u16(u)));
+}
+
+static inline void i8x8_s32(const uint8_t *p, int32x4_t s[2]) {
+    const int16x8_t v = vmovl_s8(vld1_s8((const int8_t *)p));
+    s[0] = vmovl_s16(vget_low_s16(v));
+    s[1] = vmovl_s16(vget_high_s16(v));
+}
+
+/* V_0..V_7 of a block body (Q8_0: its int8 values; else nibbles, then high bits as in
+ * ember_cupy/packed_weight.py), v[j][h] rows 4h..4h+3 */
+static inline void decode_values(const uint8_t *body, const int32_t wtype, int8x16_t v[8][2]) {
+    if (wtype == WTYPE_Q8_0) {
+        for (int j = 0; j < 8; j++)
+            for (int h = 0; h < 2; h++) v[j][h] = vld1q_s8((const int8_t *)body + 32 * j + 16 * h);
+        return;
+    }
+    const int high_bits = FORMATS[wtype].high_bits;
+    const uint8_t *nib = body + 32 * high_bits;
+    for (int h = 0; h < 2; h++) {
+        uint8x16_t u[8];
+        for (int c = 0; c < 4; c++) {
+            const uint8x16_t n = vld1q_u8(nib + 32 * c + 16 * h);
+            u[2 * c] = vandq_u8(n, vdupq_n_u8(0x0f));
+            u[2 * c + 1] = vshrq_n_u8(n, 4);
+        }
+        if (high_bits == 1) {             /* bit j of each byte -> bit 4 of V_j */
+            const uint8x16_t bits = vld1q_u8(body + 16 * h);
+            for (int j = 0; j < 8; j++)
+                u[j] = vorrq_u8(u[j], vandq_u8(vshlq_u8(bits, vdupq_n_s8((int8_t)(4 - j))), vdupq_n_u8(0x10)));
+        } else if (high_bits == 2) {      /* bits 2j, 2j+1 of half q's bytes -> bits 4-5 of V_4q+j */
+            for (int q = 0; q < 2; q++) {
+                const uint8x16_t bits = vld1q_u8(body + 32 * q + 16 * h);
+                for (int j = 0; j < 4; j++)
+                    u[4 * q + j] = vorrq_u8(u[4 * q + j], vandq_u8(vshlq_u8(bits, vdupq_n_s8((int8_t)(4 - 2 * j))),
+                                                                   vdupq_n_u8(0x30)));
+            }
+        }
+        for (int j = 0; j < 8; j++) v[j][h] = vreinterpretq_s8_u8(u[j]);
+    }
+}
+
+/* sum over V_first..V_first+3 of V_j . x[4j..4j+3], per row */
+static inline void dot4_values(int8x16_t v[8][2], const int8_t *xb, int first, int32x4_t sum[2]) {
+    dot4_t a = dot4_zero(), c = dot4_zero();
+    for (int j = first; j < first + 4; j++) {
+        const int8x16_t x = bcast4(xb + 4 * j);
+        a = dot4_add(a, v[j][0], x);
+        c = dot4_add(c, v[j][1], x);
+    }
+    sum[0] = dot4_sums(a);
+    sum[1] = dot4_sums(c);
+}
+
+/* The block's float scales: dw (d, or d sc) and mw (m, or dmin mn; zero without) */
+static inline void block_scales(const uint8_t *rec, const int32_t wtype, int bi, float32x4_t dw[2], float32x4_t mw[2]) {
+    load_f16x8(rec, dw);
+    mw[0] = mw[1] = vdupq_n_f32(0.0f);
+    if (is_k_quant(wtype)) {
+        float32x4_t sc[2], mn[2];
+        u8x8_f32(rec + 32 + 8 * bi, sc);
+        u8x8_f32(rec + 96 + 8 * bi, mn);
+        load_f16x8(rec + 16, mw);
+        for (int h = 0; h < 2; h++) {
+            dw[h] = vmulq_f32(dw[h], sc[h]);
+            mw[h] = vmulq_f32(mw[h], mn[h]);
+        }
+    } else if (wtype == WTYPE_Q4_1 || wtype == WTYPE_Q5_1) {
+        load_f16x8(rec + 16, mw);
+    }
+}
+
+/* The exact int32 sum of block b for the 8 rows: values less their offset, times x (Q6_K: its
+ * halves times their scales) */
+static inline void block_isum(int8x16_t v[8][2], const uint8_t *rec, const int32_t wtype, int bi, const int8_t *xb,
+                              int32_t xsum, int32_t xsum_lo, int32x4_t isum[2]) {
+    int32x4_t lo[2], hi[2];
+    dot4_values(v, xb, 0, lo);
+    dot4_values(v, xb, 4, hi);
+    if (wtype == WTYPE_Q6_K) {
+        int32x4_t sc_lo[2], sc_hi[2];
+        i8x8_s32(rec + 16 + 16 * bi, sc_lo);
+        i8x8_s32(rec + 24 + 16 * bi, sc_hi);
+        for (int h = 0; h < 2; h++) {
+            const int32x4_t a = vsubq_s32(lo[h], vdupq_n_s32(32 * xsum_lo)), c = vsubq_s32(hi[h], vdupq_n_s32(32 * (xsum - xsum_lo)));
+            isum[h] = vmlaq_s32(vmulq_s32(a, sc_lo[h]), c, sc_hi[h]);
+        }
+        return;
+    }
+    for (int h = 0; h < 2; h++) {
+        isum[h] = vaddq_s32(lo[h], hi[h]);
+        if (FORMATS[wtype].offset) isum[h] = vsubq_s32(isum[h], vdupq_n_s32(FORMATS[wtype].offset * xsum));
+    }
+}
+
+/* xsum, xsum_lo: read only for the formats with an offset (may be NULL for Q8_0, Q4_1) */
+static inline __attribute__((always_inline)) void group_tile_neon(
+        const uint8_t *g, const int32_t wtype, int64_t nb, const int8_t *xq, int64_t K, const float *xd,
+        const float *xs, const int32_t *xsum, const int32_t *xsum_lo, const int R, float out[][8]) {
+    float32x4_t acc[MR][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *rec = record_of(g, wtype, b), *body = body_of(g, wtype, b);
+        const int bi = (int)(b % FORMATS[wtype].blocks);
+        for (int line = 0; line < 3; line++) __builtin_prefetch(body + PREFETCH_BYTES + 64 * line);
+        int8x16_t v[8][2];
+        decode_values(body, wtype, v);
+        float32x4_t dw[2], mw[2];
+        block_scales(rec, wtype, bi, dw, mw);
+        for (int r = 0; r < R; r++) {
+            if (xd[r * nb + b] == 0.0f) continue;     /* a skipped second pass, or a zero block */
+            int32x4_t isum[2];
+            block_isum(v, rec, wtype, bi, xq + r * K + b * QK, xsum ? xsum[r * nb + b] : 0,
+                       xsum_lo ? xsum_lo[r * nb + b] : 0, isum);
+            for (int h = 0; h < 2; h++) {
+                acc[r][h] = vfmaq_f32(acc[r][h], vcvtq_f32_s32(isum[h]), vmulq_n_f32(dw[h], xd[r * nb + b]));
+                if (is_k_quant(wtype)) acc[r][h] = vfmsq_f32(acc[r][h], mw[h], vdupq_n_f32(xs[r * nb + b]));
+                else if (wtype == WTYPE_Q4_1 || wtype == WTYPE_Q5_1)
+                    acc[r][h] = vfmaq_f32(acc[r][h], mw[h], vdupq_n_f32(xs[r * nb + b]));
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        vst1q_f32(out[r], acc[r][0]);
+        vst1q_f32(out[r] + 4, acc[r][1]);
+    }
+}
+
+static inline __attribute__((always_inline)) void group_tile(
+        const uint8_t *g, int32_t wtype, int64_t nb, const int8_t *xq, int64_t K,
+        const float *xd, const float *xs, const int R, float out[MR][ROWS]) {
+    group_tile_neon(g, wtype, nb, xq, K, xd, xs, NULL, NULL, R, out);
+}
+
+static inline __attribute__((always_inline)) void group_tile_formats(
+        const uint8_t *g, const int32_t wtype, int64_t nb, const int8_t *xq, int64_t K, const float *xd,
+        const float *xs, const int32_t *xsum, const int32_t *xsum_lo, const int R, float out[][8]) {
+    group_tile_neon(g, wtype, nb, xq, K, xd, xs, xsum, xsum_lo, R, out);
+}
+
+#endif
