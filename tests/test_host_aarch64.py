@@ -1,9 +1,10 @@
 """The aarch64 host kernel paths without ARM hardware: cpu/*.c cross-compiled with each aarch64
-path's flags into a static program (tests/host_emulated/matmul_driver.c) run under qemu-user, on
-matrices of every format packed here; its outputs must be the native library's bit for bit (the
-NEON paths' integer sums are exact and their float steps the portable path's), and near the
-NumPy twin. qemu's `-cpu max` has SDOT; `-cpu cortex-a53` has plain NEON only, so it would trap
-an SDOT that leaked into the neon path."""
+path's flags into a static program (tests/host_emulated/driver.c) run under qemu-user, on inputs
+written here. The quantized matmul (matrices of every format) must give the native library's
+bits (the NEON paths' integer sums are exact and their float steps the portable path's); paged
+attention, plain C on every aarch64 path, the native portable library's; both near the NumPy
+twins. qemu's `-cpu max` has SDOT; `-cpu cortex-a53` has plain NEON only, so it would trap an
+SDOT that leaked into the neon path."""
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,14 +13,16 @@ import numpy as np
 import pytest
 
 from ember_cupy.ops import _host, host_build
+from ember_cupy.ops.attention import paged_attention_host
 from ember_cupy.ops.linear import matmul_q, matmul_q_numpy
 from ember_cupy.packed_weight import LAYOUTS
 from ember_cupy.quant import ActivationQuantization
+from tests.test_host_attention import assert_near_twin, make_batch
 from tests.test_host_kernels import _K_QUANT_SCALES, _weight
 
 CROSS_CC = "aarch64-linux-gnu-gcc"
 QEMU = "qemu-aarch64"
-DRIVER = Path(__file__).parent / "host_emulated" / "matmul_driver.c"
+DRIVER = Path(__file__).parent / "host_emulated" / "driver.c"
 QEMU_CPU = {"portable": "cortex-a53", "neon": "cortex-a53", "neon-dotprod": "max"}
 AARCH64_ISAS = host_build.machine_isas("aarch64")
 
@@ -56,7 +59,7 @@ def drivers(tmp_path_factory):
     return built
 
 
-def _cases():
+def _matmul_cases():
     """(x, weight, scheme) for every format, odd shapes, zero and non-finite blocks of x."""
     rng = np.random.default_rng(29)
     cases = []
@@ -73,51 +76,103 @@ def _cases():
     return cases
 
 
-CASES = _cases()
+ATTENTION_SEQS = [(1, 1), (150, 1), (40, 40), (300, 17)]   # a decode, a split decode, a prompt, a chunk
 
 
-def _write_cases(path, cases):
-    with open(path, "wb") as f:
-        for x, weight, scheme in cases:
-            data = np.ascontiguousarray(weight.data)
-            np.array([*x.shape, N, weight.kernel_type, scheme.passes, data.nbytes], np.int64).tofile(f)
-            np.array([scheme.second_pass_threshold], np.float32).tofile(f)
-            x.tofile(f)
-            data.tofile(f)
+def _attention_cases():
+    """(args, clean tables, window) of paged_attention_host: head_dim 64/80/128/256, f32 and f16
+    pages, a sliding window, a NaN key."""
+    rng = np.random.default_rng(29)
+    cases = []
+    for head_dim in (64, 80, 128, 256):
+        for dtype in (np.float32, np.float16):
+            args, clean = make_batch(rng, ATTENTION_SEQS, num_kv_heads=2, group=2, head_dim=head_dim, dtype=dtype)
+            cases.append(((np.ascontiguousarray(args[0]), *args[1:]), clean, 0))
+    args, clean = make_batch(rng, ATTENTION_SEQS, num_kv_heads=2, group=2, head_dim=64)
+    cases.append(((np.ascontiguousarray(args[0]), *args[1:]), clean, 20))
+    k_cache = args[1].copy()
+    k_cache[clean[1, 2], 5, 0, 7] = np.nan                    # key 37 of the second sequence
+    cases.append(((np.ascontiguousarray(args[0]), k_cache, *args[2:]), clean, 0))
+    return cases
 
 
-def _emulated(driver, isa, cases, tmp_path):
-    _write_cases(tmp_path / "cases.bin", cases)
+MATMUL_CASES, ATTENTION_CASES = _matmul_cases(), _attention_cases()
+
+
+def _write_matmul(f, x, weight, scheme):
+    data = np.ascontiguousarray(weight.data)
+    np.array([0, *x.shape, N, weight.kernel_type, scheme.passes, data.nbytes], np.int64).tofile(f)
+    np.array([scheme.second_pass_threshold], np.float32).tofile(f)
+    x.tofile(f)
+    data.tofile(f)
+
+
+def _write_attention(f, args, window):
+    q, k_cache, v_cache, tables, context_lens, query_start_loc, scale = args
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    np.array([1, q.shape[0], q.shape[1], num_kv_heads, head_dim, num_blocks, block_size,
+              k_cache.dtype == np.float16, len(context_lens), tables.shape[1], window], np.int64).tofile(f)
+    np.array([scale], np.float32).tofile(f)
+    for array in (q, k_cache, v_cache, tables.astype(np.int32), context_lens.astype(np.int32),
+                  query_start_loc.astype(np.int32)):
+        np.ascontiguousarray(array).tofile(f)
+
+
+def _emulated(driver, isa, tmp_path):
+    """The driver's outputs: [matmul y per case], [attention out per case]."""
+    with open(tmp_path / "cases.bin", "wb") as f:
+        for case in MATMUL_CASES:
+            _write_matmul(f, *case)
+        for args, _, window in ATTENTION_CASES:
+            _write_attention(f, args, window)
     result = subprocess.run([QEMU, "-cpu", QEMU_CPU[isa], str(driver), str(tmp_path / "cases.bin"),
-                             str(tmp_path / "y.bin")], capture_output=True, text=True, timeout=300,
+                             str(tmp_path / "out.bin")], capture_output=True, text=True, timeout=300,
                             env={"EMBER_NUM_THREADS": "2"})
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == [isa, str(len(cases))]
-    y = np.fromfile(tmp_path / "y.bin", np.float32)
-    sizes = np.cumsum([x.shape[0] * N for x, _, _ in cases])
-    return [part.reshape(-1, N) for part in np.split(y, sizes[:-1])]
+    assert result.stdout.split() == [isa, str(len(MATMUL_CASES) + len(ATTENTION_CASES))]
+    shapes = [(x.shape[0], N) for x, _, _ in MATMUL_CASES] + [args[0].shape for args, _, _ in ATTENTION_CASES]
+    flat = np.fromfile(tmp_path / "out.bin", np.float32)
+    assert flat.size == sum(int(np.prod(shape)) for shape in shapes)
+    parts = np.split(flat, np.cumsum([int(np.prod(shape)) for shape in shapes])[:-1])
+    outputs = [part.reshape(shape) for part, shape in zip(parts, shapes)]
+    return outputs[:len(MATMUL_CASES)], outputs[len(MATMUL_CASES):]
 
 
 @pytest.fixture(scope="module")
 def outputs(drivers, tmp_path_factory):
-    return {isa: _emulated(drivers[isa], isa, CASES, tmp_path_factory.mktemp(isa)) for isa in AARCH64_ISAS}
+    return {isa: _emulated(drivers[isa], isa, tmp_path_factory.mktemp(isa)) for isa in AARCH64_ISAS}
 
 
 @pytest.mark.parametrize("isa", AARCH64_ISAS)
-def test_every_aarch64_path_is_the_native_library_bit_for_bit(outputs, native, isa):
-    for (x, weight, scheme), ours in zip(CASES, outputs[isa]):
+def test_every_aarch64_matmul_is_the_native_library_bit_for_bit(outputs, native, isa):
+    for (x, weight, scheme), ours in zip(MATMUL_CASES, outputs[isa][0]):
         expected = matmul_q(x, weight, native, scheme)
         np.testing.assert_array_equal(ours, expected, err_msg=f"{isa}: {weight.qtype} x {x.shape} passes {scheme.passes}")
 
 
 @pytest.mark.parametrize("isa", AARCH64_ISAS)
-def test_every_aarch64_path_is_near_the_numpy_twin(outputs, isa):
-    for (x, weight, scheme), ours in zip(CASES, outputs[isa]):
+def test_every_aarch64_matmul_is_near_the_numpy_twin(outputs, isa):
+    for (x, weight, scheme), ours in zip(MATMUL_CASES, outputs[isa][0]):
         if not np.isfinite(x).all():
             continue
         twin = matmul_q_numpy(x, weight, scheme)
         np.testing.assert_allclose(ours, twin, rtol=2e-5, atol=2e-5 * np.abs(twin).max(),
                                    err_msg=f"{isa}: {weight.qtype} x {x.shape} passes {scheme.passes}")
+
+
+@pytest.mark.parametrize("isa", AARCH64_ISAS)
+def test_every_aarch64_attention_is_the_native_portable_library_bit_for_bit(outputs, native, isa):
+    portable = _host.load_library("portable")
+    for (args, _, window), ours in zip(ATTENTION_CASES, outputs[isa][1]):
+        expected = paged_attention_host(*args, library=portable, window=window)
+        np.testing.assert_array_equal(ours, expected, err_msg=f"{isa}: {args[1].dtype} {args[1].shape} window {window}")
+
+
+@pytest.mark.parametrize("isa", AARCH64_ISAS)
+def test_every_aarch64_attention_is_near_the_numpy_twin(outputs, isa):
+    for (args, clean, window), ours in zip(ATTENTION_CASES, outputs[isa][1]):
+        with np.errstate(invalid="ignore", over="ignore"):      # the NaN key's case
+            assert_near_twin(ours, args, clean, args[1].dtype, window)
 
 
 def test_the_plain_neon_path_has_no_sdot(drivers):

@@ -45,15 +45,20 @@ def make_batch(rng, seqs, num_kv_heads=3, group=3, head_dim=64, dtype=np.float32
 
 
 def assert_matches_twin(library, args, clean_tables, dtype, window=0):
-    q, k_cache, v_cache, tables, context_lens, query_start_loc, scale = args
     ours = paged_attention_host(*args, library=library, window=window)
+    assert_near_twin(ours, args, clean_tables, dtype, window)
+    return ours
+
+
+def assert_near_twin(ours, args, clean_tables, dtype, window=0):
+    """`ours`, a kernel's output for `args`, is the twin's within float32 (float16 pages) rounding."""
+    q, k_cache, v_cache, tables, context_lens, query_start_loc, scale = args
     twin = paged_attention_numpy(q, k_cache, v_cache, clean_tables, context_lens, query_start_loc, scale,
                                  window)
     assert ours.dtype == np.float32 and ours.shape == q.shape
     tolerance = 1e-5 if dtype == np.float32 else 2e-5
     largest = np.abs(twin[np.isfinite(twin)]).max(initial=0.0)
     np.testing.assert_allclose(ours, twin, rtol=tolerance, atol=tolerance * largest)   # NaN where NaN
-    return ours
 
 
 DECODES = [(1, 1), (15, 1), (16, 1), (17, 1), (433, 1), (700, 1), (256, 1), (257, 1), (64, 1)]

@@ -1,0 +1,102 @@
+/* Host kernels of cpu/ as a program, for an ISA path this machine cannot run: tests/test_host_aarch64.py
+ * builds it statically with the aarch64 cross compiler and runs it under qemu-user. Reads cases
+ * from argv[1], writes each case's output to argv[2] in turn, prints the library's path and the
+ * number of cases. A case starts with its int64 kind, then:
+ *   0 matmul:    int64 M, K, N, wtype, passes, weight bytes; float32 threshold; x [M, K] float32,
+ *                the packed weight; writes y [M, N] float32 (ember_matmul_q)
+ *   1 attention: int64 tokens, heads, kv heads, head_dim, blocks, block_size, cache_f16, seqs,
+ *                table width, window; float32 scale; q [tokens, heads, head_dim] float32, the K and
+ *                V pages, tables [seqs, width], context_lens [seqs], query_start_loc [seqs + 1] int32;
+ *                writes out like q (ember_paged_attention_window) */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "matmul_q.h"
+
+const char *ember_isa(void);
+int ember_paged_attention_window(float *out, const float *q, int64_t q_stride_t, int64_t q_stride_h,
+                                 const void *k_cache, const void *v_cache, int32_t cache_f16, int64_t num_blocks,
+                                 int32_t block_size, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
+                                 const int32_t *block_tables, int64_t table_stride, int32_t max_blocks,
+                                 const int32_t *context_lens, const int32_t *query_start_loc, int32_t num_seqs,
+                                 float scale, int32_t window);
+
+/* Up to 8 arrays read in order; freed together. */
+struct arrays { void *p[8]; int n; };
+
+static void *alloc_array(struct arrays *a, int64_t bytes) {
+    void *p = malloc(bytes > 0 ? (size_t)bytes : 1);
+    if (p) a->p[a->n++] = p;
+    return p;
+}
+
+static void *read_array(FILE *in, struct arrays *a, int64_t bytes) {
+    void *p = alloc_array(a, bytes);
+    return p && fread(p, 1, (size_t)bytes, in) == (size_t)bytes ? p : NULL;
+}
+
+static void free_arrays(struct arrays *a) {
+    for (int i = 0; i < a->n; i++) free(a->p[i]);
+}
+
+static int write_floats(FILE *out, const float *y, int64_t count) {
+    return fwrite(y, sizeof(float), (size_t)count, out) == (size_t)count;
+}
+
+static int matmul_case(FILE *in, FILE *out, struct arrays *a) {
+    int64_t h[6];
+    float threshold;
+    if (fread(h, sizeof h, 1, in) != 1 || fread(&threshold, 4, 1, in) != 1) return 0;
+    const int64_t M = h[0], K = h[1], N = h[2];
+    const float *x = read_array(in, a, 4 * M * K);
+    const uint8_t *w = read_array(in, a, h[5]);
+    float *y = alloc_array(a, 4 * M * N);
+    return x && w && y && ember_matmul_q(x, M, K, K, w, N, (int32_t)h[3], y, N, (int32_t)h[4], threshold) == 0 &&
+           write_floats(out, y, M * N);
+}
+
+static int attention_case(FILE *in, FILE *out, struct arrays *a) {
+    int64_t h[10];
+    float scale;
+    if (fread(h, sizeof h, 1, in) != 1 || fread(&scale, 4, 1, in) != 1) return 0;
+    const int64_t T = h[0], H = h[1], Hk = h[2], D = h[3], blocks = h[4], bs = h[5], f16 = h[6], S = h[7], W = h[8];
+    const int64_t page_bytes = blocks * bs * Hk * D * (f16 ? 2 : 4);
+    const float *q = read_array(in, a, 4 * T * H * D);
+    const void *k = read_array(in, a, page_bytes), *v = read_array(in, a, page_bytes);
+    const int32_t *tables = read_array(in, a, 4 * S * W), *lens = read_array(in, a, 4 * S);
+    const int32_t *starts = read_array(in, a, 4 * (S + 1));
+    float *o = alloc_array(a, 4 * T * H * D);
+    return q && k && v && tables && lens && starts && o &&
+           ember_paged_attention_window(o, q, H * D, D, k, v, (int32_t)f16, blocks, (int32_t)bs, (int32_t)H,
+                                        (int32_t)Hk, (int32_t)D, tables, W, (int32_t)W, lens, starts, (int32_t)S,
+                                        scale, (int32_t)h[9]) == 0 &&
+           write_floats(out, o, T * H * D);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s CASES OUTPUT\n", argv[0]);
+        return 2;
+    }
+    FILE *in = fopen(argv[1], "rb"), *out = fopen(argv[2], "wb");
+    if (!in || !out) {
+        perror("open");
+        return 2;
+    }
+    int64_t kind;
+    int cases = 0, ok = 1;
+    while (ok && fread(&kind, sizeof kind, 1, in) == 1) {
+        struct arrays a = {{0}, 0};
+        ok = kind == 0 ? matmul_case(in, out, &a) : kind == 1 ? attention_case(in, out, &a) : 0;
+        free_arrays(&a);
+        cases += ok;
+    }
+    fclose(in);
+    if (fclose(out) != 0 || !ok) {
+        fprintf(stderr, "case %d failed\n", cases);
+        return 1;
+    }
+    printf("%s %d\n", ember_isa(), cases);
+    return 0;
+}
