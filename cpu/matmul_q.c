@@ -44,12 +44,23 @@ static const int64_t RECORD_BYTES[] = {16 + 256, 32 + 128};
 EMBER_EXPORT const char *ember_isa(void) { return EMBER_ISA; }
 
 /* ---- activation quantization ---------------------------------------------------------- */
+/* A block holding NaN or inf gets d = NaN and q = 0 (its outputs NaN, as the twin's): converting
+ * NaN or inf to int is undefined in C, and x86 and ARM do give different garbage. */
 static void quantize_block(const float *xb, int8_t *q, float *d_out, float *s_out, int32_t *sum_out,
                            int32_t *sum_lo_out) {
     float amax = 0.0f;
+    int finite = 1;
     for (int i = 0; i < QK; i++) {
         float a = xb[i] < 0 ? -xb[i] : xb[i];
         amax = a > amax ? a : amax;
+        finite &= a <= 3.402823466e38f;
+    }
+    if (!finite) {
+        memset(q, 0, QK);
+        *d_out = *s_out = __builtin_nanf("");
+        if (sum_out) *sum_out = 0;
+        if (sum_lo_out) *sum_lo_out = 0;
+        return;
     }
     float d = amax / 127.0f;
     float id = d != 0.0f ? 1.0f / d : 0.0f;

@@ -70,8 +70,8 @@ def _matmul_cases():
                 x = rng.standard_normal((M, K)).astype(np.float32) * rng.uniform(0.1, 9, (1, K)).astype(np.float32)
                 x[M // 2, :32] = 0.0                      # a zero block: skipped
                 cases.append((x, weight, ActivationQuantization(passes, 0.5)))
-        x = rng.standard_normal((3, K)).astype(np.float32)
-        x[0, 3], x[1, 5], x[2, 7] = np.inf, -np.inf, 3e38         # overflowing and infinite blocks
+        x = rng.standard_normal((4, K)).astype(np.float32)
+        x[0, 3], x[1, 5], x[2, 7], x[3, 9] = np.inf, -np.inf, np.nan, 3e38   # non-finite and overflowing blocks
         cases.append((x, weight, ActivationQuantization(1, 0.5)))
     return cases
 

@@ -131,6 +131,24 @@ def test_matmul_equals_the_numpy_twin(library, qtype, rows):
     np.testing.assert_allclose(ours, twin, rtol=2e-5, atol=2e-5 * np.abs(twin).max())
 
 
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_a_non_finite_activation_makes_its_row_nan_like_the_twin(library, qtype, passes):
+    """NaN or inf in a block of x: that row's outputs are NaN (its block's d is NaN, its q 0: an
+    int conversion of NaN is undefined in C, and x86 and ARM gave different finite garbage)."""
+    rng = np.random.default_rng(7)
+    cols = 256 if qtype in _K_QUANT_SCALES else 96
+    weight = _weight(rng, qtype, 13, cols)
+    x = rng.standard_normal((4, cols)).astype(np.float32)
+    x[0, 3], x[1, 40], x[2, 70] = np.nan, np.inf, -np.inf
+    scheme = ActivationQuantization(passes, 0.5)
+    ours = matmul_q(x, weight, library, scheme)
+    with np.errstate(invalid="ignore"):
+        twin = matmul_q_numpy(x, weight, scheme)
+    assert np.isnan(ours[:3]).all() and np.isnan(twin[:3]).all()
+    np.testing.assert_allclose(ours[3], twin[3], rtol=2e-5, atol=2e-5 * np.abs(twin[3]).max())
+
+
 @pytest.mark.parametrize("threshold, gain", [(0.0, 20), (0.5, 5)])   # every block, the outlier's
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
 @pytest.mark.parametrize("rows", [1, 3, 6])
