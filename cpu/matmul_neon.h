@@ -1,8 +1,9 @@
 /* The aarch64 NEON paths of cpu/matmul_q.c (included by it, after cpu/matmul_formats.h): one group
  * of 8 weight rows against R rows of x, for every format, in the packed layout the x86 paths read.
  * A value vector V_j (k = 4j..4j+3 of the 8 rows) is two 128-bit registers, rows 0-3 and rows 4-7;
- * 16 bytes of it times 4 broadcast bytes of x give 4 rows' partial dot products in 4 int32 lanes:
- * one SDOT on the neon-dotprod path; on plain NEON, 8-bit products widened to 16 bits (SMULL) and
+ * 16 bytes of it times 4 bytes of x give 4 rows' partial dot products in 4 int32 lanes: one SDOT
+ * by element on the neon-dotprod path (x's 16 bytes loaded once, a lane per V_j); on plain NEON,
+ * x's 4 bytes broadcast, 8-bit products widened to 16 bits (SMULL, SMLAL: two V_j added there),
  * pair-added into 32 (SADALP), the pairs folded at the end (ADDP). Every value is below 128 (Q8_0
  * is int8 already), so one signed dot product serves all formats. The integer sums are exact and
  * the float steps are the portable path's (f16 -> f32 exact, fused multiply-adds, same order):
@@ -10,27 +11,19 @@
 #ifndef EMBER_CPU_MATMUL_NEON_H
 #define EMBER_CPU_MATMUL_NEON_H
 
-#if defined(__ARM_FEATURE_DOTPROD)
-typedef int32x4_t dot4_t;
-static inline dot4_t dot4_zero(void) { return vdupq_n_s32(0); }
-static inline dot4_t dot4_add(dot4_t acc, int8x16_t w, int8x16_t x) { return vdotq_s32(acc, w, x); }
-static inline int32x4_t dot4_sums(dot4_t acc) { return acc; }
-#else
-typedef struct { int32x4_t lo, hi; } dot4_t;     /* lanes: the halves of rows 0, 0, 1, 1 / 2, 2, 3, 3 */
-static inline dot4_t dot4_zero(void) { return (dot4_t){vdupq_n_s32(0), vdupq_n_s32(0)}; }
-static inline dot4_t dot4_add(dot4_t acc, int8x16_t w, int8x16_t x) {
-    acc.lo = vpadalq_s16(acc.lo, vmull_s8(vget_low_s8(w), vget_low_s8(x)));
-    acc.hi = vpadalq_s16(acc.hi, vmull_high_s8(w, x));
-    return acc;
-}
-static inline int32x4_t dot4_sums(dot4_t acc) { return vpaddq_s32(acc.lo, acc.hi); }
-#endif
-
+#if !defined(__ARM_FEATURE_DOTPROD)
 static inline int8x16_t bcast4(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return vreinterpretq_s8_s32(vdupq_n_s32(v));
 }
+
+/* 8 bytes of w and x: their 4-byte halves' products, V_j's and V_j+1's added in 16 bits (at most
+ * 2 x 128 x 127 < 2^15: x is within +-127, values within -128..127) */
+static inline int16x8_t products2(int8x8_t w0, int8x8_t x0, int8x8_t w1, int8x8_t x1) {
+    return vmlal_s8(vmull_s8(w0, x0), w1, x1);
+}
+#endif
 
 /* 8 f16 fields (the 8 rows) as rows 0-3 and 4-7 */
 static inline void load_f16x8(const uint8_t *p, float32x4_t f[2]) {
@@ -85,16 +78,30 @@ static inline void decode_values(const uint8_t *body, const int32_t wtype, int8x
 }
 
 /* sum over V_first..V_first+3 of V_j . x[4j..4j+3], per row */
+#if defined(__ARM_FEATURE_DOTPROD)
 static inline void dot4_values(int8x16_t v[8][2], const int8_t *xb, int first, int32x4_t sum[2]) {
-    dot4_t a = dot4_zero(), c = dot4_zero();
-    for (int j = first; j < first + 4; j++) {
-        const int8x16_t x = bcast4(xb + 4 * j);
-        a = dot4_add(a, v[j][0], x);
-        c = dot4_add(c, v[j][1], x);
+    const int8x16_t x = vld1q_s8(xb + 4 * first);    /* lane i: x[4(first+i)..], SDOT by element */
+    for (int h = 0; h < 2; h++) {
+        int32x4_t s = vdotq_laneq_s32(vdupq_n_s32(0), v[first][h], x, 0);
+        s = vdotq_laneq_s32(s, v[first + 1][h], x, 1);
+        s = vdotq_laneq_s32(s, v[first + 2][h], x, 2);
+        sum[h] = vdotq_laneq_s32(s, v[first + 3][h], x, 3);
     }
-    sum[0] = dot4_sums(a);
-    sum[1] = dot4_sums(c);
 }
+#else
+static inline void dot4_values(int8x16_t v[8][2], const int8_t *xb, int first, int32x4_t sum[2]) {
+    for (int h = 0; h < 2; h++) {
+        int32x4_t lo = vdupq_n_s32(0), hi = vdupq_n_s32(0);   /* lanes: rows 0, 0, 1, 1 / 2, 2, 3, 3 */
+        for (int j = first; j < first + 4; j += 2) {
+            const int8x16_t x0 = bcast4(xb + 4 * j), x1 = bcast4(xb + 4 * j + 4);
+            lo = vpadalq_s16(lo, products2(vget_low_s8(v[j][h]), vget_low_s8(x0), vget_low_s8(v[j + 1][h]),
+                                           vget_low_s8(x1)));
+            hi = vpadalq_s16(hi, vmlal_high_s8(vmull_high_s8(v[j][h], x0), v[j + 1][h], x1));
+        }
+        sum[h] = vpaddq_s32(lo, hi);
+    }
+}
+#endif
 
 /* The block's float scales: dw (d, or d sc) and mw (m, or dmin mn; zero without) */
 static inline void block_scales(const uint8_t *rec, const int32_t wtype, int bi, float32x4_t dw[2], float32x4_t mw[2]) {

@@ -15,8 +15,8 @@ import pytest
 from ember_cupy.ops import _host, host_build
 from ember_cupy.ops.attention import paged_attention_host
 from ember_cupy.ops.linear import matmul_q, matmul_q_numpy
-from ember_cupy.packed_weight import LAYOUTS
-from ember_cupy.quant import ActivationQuantization
+from ember_cupy.packed_weight import LAYOUTS, to_kernel_format
+from ember_cupy.quant import ActivationQuantization, QuantizedTensor
 from tests.test_host_attention import assert_near_twin, make_batch
 from tests.test_host_kernels import _K_QUANT_SCALES, _weight
 
@@ -73,7 +73,19 @@ def _matmul_cases():
         x = rng.standard_normal((4, K)).astype(np.float32)
         x[0, 3], x[1, 5], x[2, 7], x[3, 9] = np.inf, -np.inf, np.nan, 3e38   # non-finite and overflowing blocks
         cases.append((x, weight, ActivationQuantization(1, 0.5)))
+    cases.append(_extreme_q8_0_case())
     return cases
+
+
+def _extreme_q8_0_case():
+    """Q8_0 weights all -128 against x quantized to +-127: the plain NEON path's 16-bit sums of two
+    products at their largest (2 x 128 x 127)."""
+    blocks = np.zeros((N, 3, 34), np.uint8)
+    blocks[..., :2] = np.array([0.01], np.float16).view(np.uint8)
+    blocks[..., 2:] = np.uint8(128)                                  # int8 -128
+    weight = to_kernel_format(QuantizedTensor("Q8_0", blocks.reshape(N, -1), (N, 96)))
+    x = np.where(np.arange(96) % 3 == 0, -1.0, 1.0).astype(np.float32)[None].repeat(2, axis=0)
+    return x, weight, ActivationQuantization(1, 0.5)
 
 
 ATTENTION_SEQS = [(1, 1), (150, 1), (40, 40), (300, 17)]   # a decode, a split decode, a prompt, a chunk
