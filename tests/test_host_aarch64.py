@@ -2,9 +2,9 @@
 path's flags into a static program (tests/host_emulated/driver.c) run under qemu-user, on inputs
 written here. The quantized matmul (matrices of every format) must give the native library's
 bits (the NEON paths' integer sums are exact and their float steps the portable path's); paged
-attention, plain C on every aarch64 path, the native portable library's; both near the NumPy
-twins. qemu's `-cpu max` has SDOT; `-cpu cortex-a53` has plain NEON only, so it would trap an
-SDOT that leaked into the neon path."""
+attention, RMSNorm, SiLU/GELU-tanh x up and RoPE, plain C on every aarch64 path, the native
+portable library's; all near the NumPy twins. qemu's `-cpu max` has SDOT; `-cpu cortex-a53` has
+plain NEON only, so it would trap an SDOT that leaked into the neon path."""
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ember_cupy.ops import _host, host_build
+from ember_cupy import ops
+from ember_cupy.ops import _host, activation, host_build, norm, rotary
 from ember_cupy.ops.attention import paged_attention_host
 from ember_cupy.ops.linear import matmul_q, matmul_q_numpy
+from ember_cupy.ops.rotary import rope_cos_sin_cache
 from ember_cupy.packed_weight import LAYOUTS, to_kernel_format
 from ember_cupy.quant import ActivationQuantization, QuantizedTensor
 from tests.test_host_attention import assert_near_twin, make_batch
@@ -108,7 +110,35 @@ def _attention_cases():
     return cases
 
 
-MATMUL_CASES, ATTENTION_CASES = _matmul_cases(), _attention_cases()
+ROW_OPS = {"rms_norm": 0, "silu_and_mul": 1, "gelu_tanh_and_mul": 2}
+
+
+def _row_cases():
+    """(op, x, weight) of the row kernels: odd widths (the tails), extreme gates."""
+    rng = np.random.default_rng(29)
+    cases = [("rms_norm", (rng.standard_normal((rows, 576)) * 3).astype(np.float32),
+              rng.standard_normal(576).astype(np.float32)) for rows in (1, 9)]
+    for op in ("silu_and_mul", "gelu_tanh_and_mul"):
+        gate_up = (rng.standard_normal((5, 2 * 1539)) * 6).astype(np.float32)
+        gate_up[0, :8] = [-100.0, 100.0, 0.0, -0.0, -9.0, 9.0, 1e20, -1e20]
+        cases.append((op, gate_up, None))
+    return cases
+
+
+def _rope_cases():
+    """(q, k, positions, cos_sin cache, neox): head_dim 64 and 128, both rotation layouts."""
+    rng = np.random.default_rng(29)
+    cases = []
+    for head_dim in (64, 128):
+        cache = rope_cos_sin_cache(head_dim, 4096, 1e5)
+        for neox in (True, False):
+            q = rng.standard_normal((7, 6, head_dim)).astype(np.float32)
+            k = rng.standard_normal((7, 2, head_dim)).astype(np.float32)
+            cases.append((q, k, rng.integers(0, 4096, 7).astype(np.int32), cache, neox))
+    return cases
+
+
+CASES = {"matmul": _matmul_cases(), "attention": _attention_cases(), "rows": _row_cases(), "rope": _rope_cases()}
 
 
 def _write_matmul(f, x, weight, scheme):
@@ -119,7 +149,7 @@ def _write_matmul(f, x, weight, scheme):
     data.tofile(f)
 
 
-def _write_attention(f, args, window):
+def _write_attention(f, args, clean, window):
     q, k_cache, v_cache, tables, context_lens, query_start_loc, scale = args
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
     np.array([1, q.shape[0], q.shape[1], num_kv_heads, head_dim, num_blocks, block_size,
@@ -130,24 +160,54 @@ def _write_attention(f, args, window):
         np.ascontiguousarray(array).tofile(f)
 
 
+def _write_rows(f, op, x, weight):
+    np.array([2, ROW_OPS[op], *x.shape], np.int64).tofile(f)
+    np.array([1e-5], np.float32).tofile(f)
+    x.tofile(f)
+    if weight is not None:
+        weight.tofile(f)
+
+
+def _write_rope(f, q, k, positions, cache, neox):
+    np.array([3, q.shape[0], q.shape[1], k.shape[1], q.shape[2], len(cache), neox], np.int64).tofile(f)
+    for array in (q, k, positions, cache):
+        np.ascontiguousarray(array).tofile(f)
+
+
+WRITERS = {"matmul": _write_matmul, "attention": _write_attention, "rows": _write_rows, "rope": _write_rope}
+
+
 def _emulated(driver, isa, tmp_path):
-    """The driver's outputs: [matmul y per case], [attention out per case]."""
+    """The driver's outputs, per family of CASES: each case's floats, flat."""
     with open(tmp_path / "cases.bin", "wb") as f:
-        for case in MATMUL_CASES:
-            _write_matmul(f, *case)
-        for args, _, window in ATTENTION_CASES:
-            _write_attention(f, args, window)
+        for family, cases in CASES.items():
+            for case in cases:
+                WRITERS[family](f, *case)
     result = subprocess.run([QEMU, "-cpu", QEMU_CPU[isa], str(driver), str(tmp_path / "cases.bin"),
                              str(tmp_path / "out.bin")], capture_output=True, text=True, timeout=300,
                             env={"EMBER_NUM_THREADS": "2"})
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == [isa, str(len(MATMUL_CASES) + len(ATTENTION_CASES))]
-    shapes = [(x.shape[0], N) for x, _, _ in MATMUL_CASES] + [args[0].shape for args, _, _ in ATTENTION_CASES]
+    assert result.stdout.split() == [isa, str(sum(map(len, CASES.values())))]
     flat = np.fromfile(tmp_path / "out.bin", np.float32)
-    assert flat.size == sum(int(np.prod(shape)) for shape in shapes)
-    parts = np.split(flat, np.cumsum([int(np.prod(shape)) for shape in shapes])[:-1])
-    outputs = [part.reshape(shape) for part, shape in zip(parts, shapes)]
-    return outputs[:len(MATMUL_CASES)], outputs[len(MATMUL_CASES):]
+    outputs, at = {}, 0
+    for family, cases in CASES.items():
+        outputs[family] = []
+        for case in cases:
+            size = _output_size(family, case)
+            outputs[family].append(flat[at:at + size])
+            at += size
+    assert at == flat.size
+    return outputs
+
+
+def _output_size(family, case):
+    if family == "matmul":
+        return case[0].shape[0] * N
+    if family == "attention":
+        return case[0][0].size
+    if family == "rows":
+        return case[1].size if case[0] == "rms_norm" else case[1].size // 2
+    return case[0].size + case[1].size
 
 
 @pytest.fixture(scope="module")
@@ -155,36 +215,80 @@ def outputs(drivers, tmp_path_factory):
     return {isa: _emulated(drivers[isa], isa, tmp_path_factory.mktemp(isa)) for isa in AARCH64_ISAS}
 
 
+@pytest.fixture(scope="module")
+def portable_ops():
+    """The public ops (ember_cupy.ops) on the native portable library."""
+    if _host.unavailable() is not None:
+        pytest.skip(f"no native host kernels to compare with: {_host.unavailable()}")
+    with pytest.MonkeyPatch.context() as patch:
+        library = _host.load_library("portable")
+        patch.setattr(_host, "active", lambda: library)
+        yield library
+
+
+def _native_rows(op, x, weight):
+    return ops.rms_norm(x, weight, 1e-5) if op == "rms_norm" else getattr(ops, op)(x)
+
+
+def _twin_rows(op, x, weight):
+    with np.errstate(over="ignore"):
+        return norm.rms_norm_numpy(x, weight, 1e-5) if op == "rms_norm" else getattr(activation, f"{op}_numpy")(x)
+
+
+def _rotated(apply, q, k, positions, cache, neox):
+    q, k = q.copy(), k.copy()
+    apply(q, k, positions, cache, is_neox=neox)
+    return np.concatenate([q.ravel(), k.ravel()])
+
+
 @pytest.mark.parametrize("isa", AARCH64_ISAS)
 def test_every_aarch64_matmul_is_the_native_library_bit_for_bit(outputs, native, isa):
-    for (x, weight, scheme), ours in zip(MATMUL_CASES, outputs[isa][0]):
+    for (x, weight, scheme), ours in zip(CASES["matmul"], outputs[isa]["matmul"]):
         expected = matmul_q(x, weight, native, scheme)
-        np.testing.assert_array_equal(ours, expected, err_msg=f"{isa}: {weight.qtype} x {x.shape} passes {scheme.passes}")
+        np.testing.assert_array_equal(ours.reshape(expected.shape), expected, err_msg=f"{isa}: {weight.qtype} x {x.shape} passes {scheme.passes}")
 
 
 @pytest.mark.parametrize("isa", AARCH64_ISAS)
 def test_every_aarch64_matmul_is_near_the_numpy_twin(outputs, isa):
-    for (x, weight, scheme), ours in zip(MATMUL_CASES, outputs[isa][0]):
+    for (x, weight, scheme), ours in zip(CASES["matmul"], outputs[isa]["matmul"]):
         if not np.isfinite(x).all():
             continue
         twin = matmul_q_numpy(x, weight, scheme)
-        np.testing.assert_allclose(ours, twin, rtol=2e-5, atol=2e-5 * np.abs(twin).max(),
+        np.testing.assert_allclose(ours.reshape(twin.shape), twin, rtol=2e-5, atol=2e-5 * np.abs(twin).max(),
                                    err_msg=f"{isa}: {weight.qtype} x {x.shape} passes {scheme.passes}")
 
 
 @pytest.mark.parametrize("isa", AARCH64_ISAS)
 def test_every_aarch64_attention_is_the_native_portable_library_bit_for_bit(outputs, native, isa):
     portable = _host.load_library("portable")
-    for (args, _, window), ours in zip(ATTENTION_CASES, outputs[isa][1]):
+    for (args, _, window), ours in zip(CASES["attention"], outputs[isa]["attention"]):
         expected = paged_attention_host(*args, library=portable, window=window)
-        np.testing.assert_array_equal(ours, expected, err_msg=f"{isa}: {args[1].dtype} {args[1].shape} window {window}")
+        np.testing.assert_array_equal(ours.reshape(expected.shape), expected, err_msg=f"{isa}: {args[1].dtype} {args[1].shape} window {window}")
 
 
 @pytest.mark.parametrize("isa", AARCH64_ISAS)
 def test_every_aarch64_attention_is_near_the_numpy_twin(outputs, isa):
-    for (args, clean, window), ours in zip(ATTENTION_CASES, outputs[isa][1]):
+    for (args, clean, window), ours in zip(CASES["attention"], outputs[isa]["attention"]):
         with np.errstate(invalid="ignore", over="ignore"):      # the NaN key's case
-            assert_near_twin(ours, args, clean, args[1].dtype, window)
+            assert_near_twin(ours.reshape(args[0].shape), args, clean, args[1].dtype, window)
+
+
+@pytest.mark.parametrize("isa", AARCH64_ISAS)
+def test_every_aarch64_row_kernel_and_rope_is_the_native_portable_library_bit_for_bit(outputs, portable_ops, isa):
+    for (op, x, weight), ours in zip(CASES["rows"], outputs[isa]["rows"]):
+        expected = _native_rows(op, x, weight)
+        np.testing.assert_array_equal(ours.reshape(expected.shape), expected, err_msg=f"{isa}: {op}")
+    for case, ours in zip(CASES["rope"], outputs[isa]["rope"]):
+        np.testing.assert_array_equal(ours, _rotated(ops.apply_rope, *case), err_msg=f"{isa}: rope")
+
+
+@pytest.mark.parametrize("isa", AARCH64_ISAS)
+def test_every_aarch64_row_kernel_and_rope_is_near_the_numpy_twin(outputs, isa):
+    for (op, x, weight), ours in zip(CASES["rows"], outputs[isa]["rows"]):
+        twin = _twin_rows(op, x, weight)
+        np.testing.assert_allclose(ours.reshape(twin.shape), twin, rtol=1e-5, atol=1e-5, err_msg=f"{isa}: {op}")
+    for case, ours in zip(CASES["rope"], outputs[isa]["rope"]):
+        np.testing.assert_array_equal(ours, _rotated(rotary.apply_rope_numpy, *case), err_msg=f"{isa}: rope")
 
 
 def test_the_plain_neon_path_has_no_sdot(drivers):

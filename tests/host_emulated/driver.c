@@ -7,7 +7,13 @@
  *   1 attention: int64 tokens, heads, kv heads, head_dim, blocks, block_size, cache_f16, seqs,
  *                table width, window; float32 scale; q [tokens, heads, head_dim] float32, the K and
  *                V pages, tables [seqs, width], context_lens [seqs], query_start_loc [seqs + 1] int32;
- *                writes out like q (ember_paged_attention_window) */
+ *                writes out like q (ember_paged_attention_window)
+ *   2 rows:      int64 op (0 ember_rms_norm, 1 ember_silu_and_mul, 2 ember_gelu_tanh_and_mul), rows,
+ *                width; float32 eps; x [rows, width] float32 (and op 0: weight [width]); writes
+ *                [rows, width] (op 0) or [rows, width / 2]
+ *   3 rope:      int64 tokens, q heads, k heads, head_dim, cache rows, neox; q [tokens, q heads, D],
+ *                k [tokens, k heads, D] float32, positions [tokens] int32, cos_sin [cache rows, D];
+ *                writes the rotated q, then k (ember_rope) */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +27,13 @@ int ember_paged_attention_window(float *out, const float *q, int64_t q_stride_t,
                                  const int32_t *block_tables, int64_t table_stride, int32_t max_blocks,
                                  const int32_t *context_lens, const int32_t *query_start_loc, int32_t num_seqs,
                                  float scale, int32_t window);
+void ember_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int64_t ldo, int64_t rows,
+                    int64_t hidden, float eps);
+void ember_silu_and_mul(const float *gate_up, int64_t ldg, float *out, int64_t ldo, int64_t rows, int64_t inter);
+void ember_gelu_tanh_and_mul(const float *gate_up, int64_t ldg, float *out, int64_t ldo, int64_t rows,
+                             int64_t inter);
+void ember_rope(float *q, int64_t qs0, int64_t qs1, int32_t hq, float *k, int64_t ks0, int64_t ks1, int32_t hk,
+                int32_t dim, const int32_t *positions, const float *cos_sin, int32_t neox, int64_t tokens);
 
 /* Up to 8 arrays read in order; freed together. */
 struct arrays { void *p[8]; int n; };
@@ -74,6 +87,43 @@ static int attention_case(FILE *in, FILE *out, struct arrays *a) {
            write_floats(out, o, T * H * D);
 }
 
+static int rows_case(FILE *in, FILE *out, struct arrays *a) {
+    int64_t h[3];
+    float eps;
+    if (fread(h, sizeof h, 1, in) != 1 || fread(&eps, 4, 1, in) != 1) return 0;
+    const int64_t op = h[0], rows = h[1], width = h[2], out_width = op == 0 ? width : width / 2;
+    const float *x = read_array(in, a, 4 * rows * width), *w = op == 0 ? read_array(in, a, 4 * width) : x;
+    float *y = alloc_array(a, 4 * rows * out_width);
+    if (!x || !w || !y) return 0;
+    if (op == 0) ember_rms_norm(x, width, w, y, width, rows, width, eps);
+    else if (op == 1) ember_silu_and_mul(x, width, y, out_width, rows, out_width);
+    else if (op == 2) ember_gelu_tanh_and_mul(x, width, y, out_width, rows, out_width);
+    else return 0;
+    return write_floats(out, y, rows * out_width);
+}
+
+static int rope_case(FILE *in, FILE *out, struct arrays *a) {
+    int64_t h[6];
+    if (fread(h, sizeof h, 1, in) != 1) return 0;
+    const int64_t T = h[0], hq = h[1], hk = h[2], D = h[3];
+    float *q = read_array(in, a, 4 * T * hq * D), *k = read_array(in, a, 4 * T * hk * D);
+    const int32_t *positions = read_array(in, a, 4 * T);
+    const float *cos_sin = read_array(in, a, 4 * h[4] * D);
+    if (!q || !k || !positions || !cos_sin) return 0;
+    ember_rope(q, hq * D, D, (int32_t)hq, k, hk * D, D, (int32_t)hk, (int32_t)D, positions, cos_sin, (int32_t)h[5], T);
+    return write_floats(out, q, T * hq * D) && write_floats(out, k, T * hk * D);
+}
+
+static int run_case(int64_t kind, FILE *in, FILE *out, struct arrays *a) {
+    switch (kind) {
+    case 0: return matmul_case(in, out, a);
+    case 1: return attention_case(in, out, a);
+    case 2: return rows_case(in, out, a);
+    case 3: return rope_case(in, out, a);
+    default: return 0;
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: %s CASES OUTPUT\n", argv[0]);
@@ -88,7 +138,7 @@ int main(int argc, char **argv) {
     int cases = 0, ok = 1;
     while (ok && fread(&kind, sizeof kind, 1, in) == 1) {
         struct arrays a = {{0}, 0};
-        ok = kind == 0 ? matmul_case(in, out, &a) : kind == 1 ? attention_case(in, out, &a) : 0;
+        ok = run_case(kind, in, out, &a);
         free_arrays(&a);
         cases += ok;
     }
