@@ -70,6 +70,18 @@ def test_arm_cpus_take_their_path_from_the_features_line(machine, isa, has_i8mm)
     assert _host.best_isa(flags) == isa
 
 
+@pytest.mark.parametrize("hwcap, hwcap2, isa, has_i8mm", [(0x119FFF, 0x0, "neon-dotprod", False),    # Pi 5
+                                                         (0x1FFFFF, 0x2000, "neon-dotprod", True),   # Graviton 3
+                                                         (0x887, 0x0, "neon", False)])               # Pi 3
+def test_arm_cpus_take_their_path_from_getauxval(monkeypatch, hwcap, hwcap2, isa, has_i8mm):
+    """AT_HWCAP bit 1 asimd, 20 asimddp; AT_HWCAP2 bit 13 i8mm: read beside /proc/cpuinfo on aarch64."""
+    flags = _host.flags_from_hwcaps({16: hwcap, 26: hwcap2})
+    assert _host.best_isa(flags) == isa and ("i8mm" in flags) == has_i8mm
+    monkeypatch.setattr(_host.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(_host, "_auxv_hwcaps", lambda: {16: hwcap, 26: hwcap2})
+    assert flags <= _host.cpu_flags()
+
+
 def test_x86_flags_are_read_from_the_flags_line_not_vmx_flags():
     text = "processor\t: 0\nflags\t\t: fpu avx2 fma f16c\nvmx flags\t: ept vpid\n\nprocessor\t: 1\nflags\t\t: fpu\n"
     assert _host.parse_cpu_flags(text) == {"fpu", "avx2", "fma", "f16c"}

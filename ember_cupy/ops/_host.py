@@ -18,6 +18,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 from pathlib import Path
@@ -64,13 +65,37 @@ def parse_cpu_flags(cpuinfo: str) -> set[str]:
     return set()
 
 
+# The aarch64 features the ARM paths need: their bits in Linux's AT_HWCAP / AT_HWCAP2 (asm/hwcap.h)
+_AT_HWCAP, _AT_HWCAP2 = 16, 26
+_ARM_HWCAPS = {"asimd": (_AT_HWCAP, 1 << 1), "asimddp": (_AT_HWCAP, 1 << 20), "i8mm": (_AT_HWCAP2, 1 << 13)}
+
+
+def flags_from_hwcaps(hwcaps: dict[int, int]) -> set[str]:
+    """The /proc/cpuinfo names of the ARM features set in these auxiliary-vector words."""
+    return {name for name, (key, bit) in _ARM_HWCAPS.items() if hwcaps.get(key, 0) & bit}
+
+
+def _auxv_hwcaps() -> dict[int, int]:
+    """getauxval(AT_HWCAP) and getauxval(AT_HWCAP2) of this process (empty without getauxval)."""
+    try:
+        getauxval = ctypes.CDLL(None).getauxval
+    except (OSError, AttributeError):
+        return {}
+    getauxval.restype, getauxval.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
+    return {key: getauxval(key) for key in (_AT_HWCAP, _AT_HWCAP2)}
+
+
 def cpu_flags() -> set[str]:
-    """The feature flags of this CPU as /proc/cpuinfo names them (empty where unreadable)."""
+    """The feature flags of this CPU as /proc/cpuinfo names them (empty where unreadable); on
+    aarch64 also those the kernel reports in the auxiliary vector (a container may hide /proc)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return parse_cpu_flags(f.read())
+            flags = parse_cpu_flags(f.read())
     except OSError:
-        return set()
+        flags = set()
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        flags |= flags_from_hwcaps(_auxv_hwcaps())
+    return flags
 
 
 def best_isa(flags: set[str] | None = None) -> str:
