@@ -133,7 +133,8 @@ static inline void block_isum(int8x16_t v[8][2], const uint8_t *rec, const int32
         i8x8_s32(rec + 16 + 16 * bi, sc_lo);
         i8x8_s32(rec + 24 + 16 * bi, sc_hi);
         for (int h = 0; h < 2; h++) {
-            const int32x4_t a = vsubq_s32(lo[h], vdupq_n_s32(32 * xsum_lo)), c = vsubq_s32(hi[h], vdupq_n_s32(32 * (xsum - xsum_lo)));
+            const int32x4_t a = vsubq_s32(lo[h], vdupq_n_s32(32 * xsum_lo));
+            const int32x4_t c = vsubq_s32(hi[h], vdupq_n_s32(32 * (xsum - xsum_lo)));
             isum[h] = vmlaq_s32(vmulq_s32(a, sc_lo[h]), c, sc_hi[h]);
         }
         return;

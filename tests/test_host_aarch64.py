@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 
 from ember_cupy import ops
+from ember_cupy.engine.sampler import kth_largest_numpy
 from ember_cupy.ops import _host, activation, host_build, norm, rotary
 from ember_cupy.ops.attention import paged_attention_host
 from ember_cupy.ops.linear import matmul_q, matmul_q_numpy
 from ember_cupy.ops.rotary import rope_cos_sin_cache
 from ember_cupy.packed_weight import LAYOUTS, to_kernel_format
 from ember_cupy.quant import ActivationQuantization, QuantizedTensor
+from ember_cupy.structured.bitmask import apply_token_bitmask_numpy
 from tests.test_host_attention import assert_near_twin, make_batch
 from tests.test_host_kernels import _K_QUANT_SCALES, _weight
 
@@ -138,7 +140,20 @@ def _rope_cases():
     return cases
 
 
-CASES = {"matmul": _matmul_cases(), "attention": _attention_cases(), "rows": _row_cases(), "rope": _rope_cases()}
+def _sampling_cases():
+    """("kth", logits, ks) with ties and -inf; ("bitmask", logits, mask) with a mask narrower than
+    the vocabulary, an all-clear word and a partial last word."""
+    rng = np.random.default_rng(29)
+    logits = rng.standard_normal((5, 5000)).astype(np.float32)
+    logits[:, ::7] = 1.5
+    logits[0, :3] = -np.inf
+    mask = rng.integers(-2**31, 2**31, (5, 150), dtype=np.int64).astype(np.int32)   # 4800 < 5000 tokens
+    mask[1, 10] = 0
+    return [("kth", logits, np.array([1, 7, 256, 4999, 5000], np.int64)), ("bitmask", logits, mask)]
+
+
+CASES = {"matmul": _matmul_cases(), "attention": _attention_cases(), "rows": _row_cases(), "rope": _rope_cases(),
+         "sampling": _sampling_cases()}
 
 
 def _write_matmul(f, x, weight, scheme):
@@ -174,7 +189,15 @@ def _write_rope(f, q, k, positions, cache, neox):
         np.ascontiguousarray(array).tofile(f)
 
 
-WRITERS = {"matmul": _write_matmul, "attention": _write_attention, "rows": _write_rows, "rope": _write_rope}
+def _write_sampling(f, op, logits, extra):
+    words = extra.shape[1] if op == "bitmask" else 0
+    np.array([4, op == "bitmask", *logits.shape, words], np.int64).tofile(f)
+    logits.tofile(f)
+    np.ascontiguousarray(extra).tofile(f)
+
+
+WRITERS = {"matmul": _write_matmul, "attention": _write_attention, "rows": _write_rows, "rope": _write_rope,
+           "sampling": _write_sampling}
 
 
 def _emulated(driver, isa, tmp_path):
@@ -207,6 +230,8 @@ def _output_size(family, case):
         return case[0][0].size
     if family == "rows":
         return case[1].size if case[0] == "rms_norm" else case[1].size // 2
+    if family == "sampling":
+        return case[1].shape[0] if case[0] == "kth" else case[1].size
     return case[0].size + case[1].size
 
 
@@ -245,7 +270,8 @@ def _rotated(apply, q, k, positions, cache, neox):
 def test_every_aarch64_matmul_is_the_native_library_bit_for_bit(outputs, native, isa):
     for (x, weight, scheme), ours in zip(CASES["matmul"], outputs[isa]["matmul"]):
         expected = matmul_q(x, weight, native, scheme)
-        np.testing.assert_array_equal(ours.reshape(expected.shape), expected, err_msg=f"{isa}: {weight.qtype} x {x.shape} passes {scheme.passes}")
+        np.testing.assert_array_equal(ours.reshape(expected.shape), expected,
+                                      err_msg=f"{isa}: {weight.qtype} x {x.shape} passes {scheme.passes}")
 
 
 @pytest.mark.parametrize("isa", AARCH64_ISAS)
@@ -263,7 +289,8 @@ def test_every_aarch64_attention_is_the_native_portable_library_bit_for_bit(outp
     portable = _host.load_library("portable")
     for (args, _, window), ours in zip(CASES["attention"], outputs[isa]["attention"]):
         expected = paged_attention_host(*args, library=portable, window=window)
-        np.testing.assert_array_equal(ours.reshape(expected.shape), expected, err_msg=f"{isa}: {args[1].dtype} {args[1].shape} window {window}")
+        np.testing.assert_array_equal(ours.reshape(expected.shape), expected,
+                                      err_msg=f"{isa}: {args[1].dtype} {args[1].shape} window {window}")
 
 
 @pytest.mark.parametrize("isa", AARCH64_ISAS)
@@ -299,3 +326,14 @@ def test_the_plain_neon_path_has_no_sdot(drivers):
     code = {isa: subprocess.run([objdump, "-d", str(drivers[isa])], capture_output=True, text=True, check=True).stdout
             for isa in ("neon", "neon-dotprod")}
     assert "\tsdot\t" not in code["neon"] and "\tsdot\t" in code["neon-dotprod"]
+
+
+@pytest.mark.parametrize("isa", AARCH64_ISAS)
+def test_every_aarch64_sampling_helper_is_the_twin_exactly(outputs, isa):
+    """Selections and masks, no arithmetic: exactly the twins' (and so the native kernels') values."""
+    (_, logits, ks), (_, masked_logits, mask) = CASES["sampling"]
+    kth, masked = outputs[isa]["sampling"]
+    np.testing.assert_array_equal(kth, kth_largest_numpy(logits, list(ks)))
+    twin = masked_logits.copy()
+    apply_token_bitmask_numpy(twin, mask, np.arange(len(twin)))
+    np.testing.assert_array_equal(masked.reshape(twin.shape), twin)

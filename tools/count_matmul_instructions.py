@@ -57,7 +57,8 @@ def probe_source() -> str:
                          "const int8_t *xq, int64_t K, const float *xd, const float *xs, const int32_t *xsum, "
                          "const int32_t *xsum_lo, float out[MR][ROWS]) {\n"
                          f"    group_tile_neon(g, {code}, nb, xq, K, xd, xs, xsum, xsum_lo, {rows}, out);\n}}")
-            calls.append(f"    {{ uint8_t *g = calloc((size_t)(nb / FORMATS[{code}].blocks * record_bytes({code})), 1);\n"
+            calls.append(f"    {{ uint8_t *g = calloc((size_t)(nb / FORMATS[{code}].blocks "
+                         f"* record_bytes({code})), 1);\n"
                          f"      probe_{name}_r{rows}(g, nb, xq, K, xd, xs, xsum, xsum_lo, out); free(g); }}")
     return "\n".join(lines) + _MAIN % {"blocks": BLOCKS, "calls": "\n".join(calls)}
 

@@ -13,7 +13,10 @@
  *                [rows, width] (op 0) or [rows, width / 2]
  *   3 rope:      int64 tokens, q heads, k heads, head_dim, cache rows, neox; q [tokens, q heads, D],
  *                k [tokens, k heads, D] float32, positions [tokens] int32, cos_sin [cache rows, D];
- *                writes the rotated q, then k (ember_rope) */
+ *                writes the rotated q, then k (ember_rope)
+ *   4 sampling:  int64 op (0 ember_kth_largest, 1 ember_apply_token_bitmask), rows, vocab, words;
+ *                logits [rows, vocab] float32, then op 0: k [rows] int64, writes the k-th largest
+ *                [rows]; op 1: mask [rows, words] int32 for logit rows 0..rows-1, writes the logits */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +35,9 @@ void ember_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int
 void ember_silu_and_mul(const float *gate_up, int64_t ldg, float *out, int64_t ldo, int64_t rows, int64_t inter);
 void ember_gelu_tanh_and_mul(const float *gate_up, int64_t ldg, float *out, int64_t ldo, int64_t rows,
                              int64_t inter);
+int ember_kth_largest(const float *x, int64_t rows, int64_t vocab, int64_t ld, const int64_t *k, float *out);
+int ember_apply_token_bitmask(float *x, int64_t num_logit_rows, int64_t vocab, int64_t ld, const int32_t *mask,
+                              int64_t words, const int32_t *rows, int64_t num_rows);
 void ember_rope(float *q, int64_t qs0, int64_t qs1, int32_t hq, float *k, int64_t ks0, int64_t ks1, int32_t hk,
                 int32_t dim, const int32_t *positions, const float *cos_sin, int32_t neox, int64_t tokens);
 
@@ -114,12 +120,32 @@ static int rope_case(FILE *in, FILE *out, struct arrays *a) {
     return write_floats(out, q, T * hq * D) && write_floats(out, k, T * hk * D);
 }
 
+static int sampling_case(FILE *in, FILE *out, struct arrays *a) {
+    int64_t h[4];
+    if (fread(h, sizeof h, 1, in) != 1) return 0;
+    const int64_t rows = h[1], vocab = h[2], words = h[3];
+    float *x = read_array(in, a, 4 * rows * vocab);
+    if (!x) return 0;
+    if (h[0] == 0) {
+        const int64_t *k = read_array(in, a, 8 * rows);
+        float *kth = alloc_array(a, 4 * rows);
+        return k && kth && ember_kth_largest(x, rows, vocab, vocab, k, kth) == 0 && write_floats(out, kth, rows);
+    }
+    const int32_t *mask = read_array(in, a, 4 * rows * words);
+    int32_t *ids = alloc_array(a, 4 * rows);
+    if (!mask || !ids) return 0;
+    for (int32_t r = 0; r < rows; r++) ids[r] = r;
+    return ember_apply_token_bitmask(x, rows, vocab, vocab, mask, words, ids, rows) == 0 &&
+           write_floats(out, x, rows * vocab);
+}
+
 static int run_case(int64_t kind, FILE *in, FILE *out, struct arrays *a) {
     switch (kind) {
     case 0: return matmul_case(in, out, a);
     case 1: return attention_case(in, out, a);
     case 2: return rows_case(in, out, a);
     case 3: return rope_case(in, out, a);
+    case 4: return sampling_case(in, out, a);
     default: return 0;
     }
 }
