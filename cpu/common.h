@@ -4,7 +4,7 @@
  * the CPU's features: the x86 SIMD paths below are picked by the compiler's own predefined macros
  * (__AVX512VNNI__, __AVX2__), so the same source also builds as plain C with any compiler. Every
  * aarch64 compiler has NEON, so the ARM paths are asked for by name (EMBER_USE_NEON, with
- * __ARM_FEATURE_DOTPROD from -march=armv8.2-a+dotprod): without it aarch64 builds plain C too.
+ * __ARM_FEATURE_DOTPROD from -march=armv8.2-a+dotprod, __ARM_FEATURE_MATMUL_INT8 from +i8mm): without it aarch64 builds plain C too.
  * Kernels compute every output element in an order that does not depend on the batch (the rows
  * of x processed together), so results are batch invariant.
  */
@@ -34,6 +34,8 @@
 #define EMBER_ISA "avx512vnni"
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define EMBER_ISA "avx2"
+#elif defined(EMBER_NEON) && defined(__ARM_FEATURE_DOTPROD) && defined(__ARM_FEATURE_MATMUL_INT8)
+#define EMBER_ISA "neon-i8mm"
 #elif defined(EMBER_NEON) && defined(__ARM_FEATURE_DOTPROD)
 #define EMBER_ISA "neon-dotprod"
 #elif defined(EMBER_NEON)

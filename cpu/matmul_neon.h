@@ -121,13 +121,38 @@ static inline void block_scales(const uint8_t *rec, const int32_t wtype, int bi,
     }
 }
 
-/* The exact int32 sum of block b for the 8 rows: values less their offset, times x (Q6_K: its
- * halves times their scales) */
-static inline void block_isum(int8x16_t v[8][2], const uint8_t *rec, const int32_t wtype, int bi, const int8_t *xb,
-                              int32_t xsum, int32_t xsum_lo, int32x4_t isum[2]) {
-    int32x4_t lo[2], hi[2];
-    dot4_values(v, xb, 0, lo);
-    dot4_values(v, xb, 4, hi);
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+/* V_2p and V_2p+1 as SMMLA's 2 x 8 operands: w[p][q] holds rows 2q and 2q+1 at k = 8p..8p+7 */
+static inline void values_by_row_pairs(int8x16_t v[8][2], int8x16_t w[4][4]) {
+    for (int p = 0; p < 4; p++)
+        for (int h = 0; h < 2; h++) {
+            const int32x4_t a = vreinterpretq_s32_s8(v[2 * p][h]), c = vreinterpretq_s32_s8(v[2 * p + 1][h]);
+            w[p][2 * h] = vreinterpretq_s8_s32(vzip1q_s32(a, c));
+            w[p][2 * h + 1] = vreinterpretq_s8_s32(vzip2q_s32(a, c));
+        }
+}
+
+/* sums over V_0..V_7 of V_j . x[4j..4j+3] for two rows of x at once, xa and xb: 16 SMMLA, each
+ * 2 weight rows x 2 rows of x x 8 values of k */
+static inline void dot_values_pair(int8x16_t w[4][4], const int8_t *xa, const int8_t *xb, int32x4_t sum_a[2],
+                                   int32x4_t sum_b[2]) {
+    int32x4_t acc[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
+    for (int p = 0; p < 4; p += 2) {             /* x's 16 bytes of each row: k = 8p..8p+15 */
+        const int64x2_t a = vreinterpretq_s64_s8(vld1q_s8(xa + 8 * p)), c = vreinterpretq_s64_s8(vld1q_s8(xb + 8 * p));
+        const int8x16_t x0 = vreinterpretq_s8_s64(vzip1q_s64(a, c)), x1 = vreinterpretq_s8_s64(vzip2q_s64(a, c));
+        for (int q = 0; q < 4; q++) acc[q] = vmmlaq_s32(vmmlaq_s32(acc[q], w[p][q], x0), w[p + 1][q], x1);
+    }
+    for (int h = 0; h < 2; h++) {       /* acc[q] lanes: rows 2q, 2q+1 times xa, xb: 2q.a 2q.b 2q+1.a 2q+1.b */
+        sum_a[h] = vuzp1q_s32(acc[2 * h], acc[2 * h + 1]);
+        sum_b[h] = vuzp2q_s32(acc[2 * h], acc[2 * h + 1]);
+    }
+}
+#endif
+
+/* The exact int32 sum of a block for the 8 rows from its dot sums over V_0..3 (lo) and V_4..7
+ * (hi): values less their offset, times x (Q6_K: its halves times their scales) */
+static inline void block_isum(const int32x4_t lo[2], const int32x4_t hi[2], const uint8_t *rec,
+                              const int32_t wtype, int bi, int32_t xsum, int32_t xsum_lo, int32x4_t isum[2]) {
     if (wtype == WTYPE_Q6_K) {
         int32x4_t sc_lo[2], sc_hi[2];
         i8x8_s32(rec + 16 + 16 * bi, sc_lo);
@@ -145,12 +170,28 @@ static inline void block_isum(int8x16_t v[8][2], const uint8_t *rec, const int32
     }
 }
 
+/* Row r of x's block b (its dot sums lo, hi) into the row's accumulators: the portable path's
+ * float steps, in its order */
+static inline void accumulate_row(float32x4_t acc[2], const int32x4_t lo[2], const int32x4_t hi[2],
+                                  const uint8_t *rec, const int32_t wtype, int bi, const float32x4_t dw[2],
+                                  const float32x4_t mw[2], float xd, float xs, int32_t xsum, int32_t xsum_lo) {
+    int32x4_t isum[2];
+    block_isum(lo, hi, rec, wtype, bi, xsum, xsum_lo, isum);
+    for (int h = 0; h < 2; h++) {
+        acc[h] = vfmaq_f32(acc[h], vcvtq_f32_s32(isum[h]), vmulq_n_f32(dw[h], xd));
+        if (is_k_quant(wtype)) acc[h] = vfmsq_f32(acc[h], mw[h], vdupq_n_f32(xs));
+        else if (wtype == WTYPE_Q4_1 || wtype == WTYPE_Q5_1) acc[h] = vfmaq_f32(acc[h], mw[h], vdupq_n_f32(xs));
+    }
+}
+
 /* xsum, xsum_lo: read only for the formats with an offset (may be NULL for Q8_0, Q4_1) */
 static inline __attribute__((always_inline)) void group_tile_neon(
         const uint8_t *g, const int32_t wtype, int64_t nb, const int8_t *xq, int64_t K, const float *xd,
         const float *xs, const int32_t *xsum, const int32_t *xsum_lo, const int R, float out[][8]) {
     float32x4_t acc[MR][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = vdupq_n_f32(0.0f);
+#define ROW_ARGS(r) rec, wtype, bi, dw, mw, xd[(r) * nb + b], xs[(r) * nb + b], xsum ? xsum[(r) * nb + b] : 0, \
+                    xsum_lo ? xsum_lo[(r) * nb + b] : 0
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *rec = record_of(g, wtype, b), *body = body_of(g, wtype, b);
         const int bi = (int)(b % FORMATS[wtype].blocks);
@@ -159,19 +200,31 @@ static inline __attribute__((always_inline)) void group_tile_neon(
         decode_values(body, wtype, v);
         float32x4_t dw[2], mw[2];
         block_scales(rec, wtype, bi, dw, mw);
-        for (int r = 0; r < R; r++) {
-            if (xd[r * nb + b] == 0.0f) continue;     /* a skipped second pass, or a zero block */
-            int32x4_t isum[2];
-            block_isum(v, rec, wtype, bi, xq + r * K + b * QK, xsum ? xsum[r * nb + b] : 0,
-                       xsum_lo ? xsum_lo[r * nb + b] : 0, isum);
-            for (int h = 0; h < 2; h++) {
-                acc[r][h] = vfmaq_f32(acc[r][h], vcvtq_f32_s32(isum[h]), vmulq_n_f32(dw[h], xd[r * nb + b]));
-                if (is_k_quant(wtype)) acc[r][h] = vfmsq_f32(acc[r][h], mw[h], vdupq_n_f32(xs[r * nb + b]));
-                else if (wtype == WTYPE_Q4_1 || wtype == WTYPE_Q5_1)
-                    acc[r][h] = vfmaq_f32(acc[r][h], mw[h], vdupq_n_f32(xs[r * nb + b]));
+        int r = 0;
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+        if (R >= 2 && wtype != WTYPE_Q6_K) {         /* rows of x in pairs: SMMLA (Q6_K's two scales: SDOT) */
+            int8x16_t w[4][4];
+            values_by_row_pairs(v, w);
+            const int32x4_t zero[2] = {vdupq_n_s32(0), vdupq_n_s32(0)};
+            for (; r + 1 < R; r += 2) {
+                if (xd[r * nb + b] == 0.0f && xd[(r + 1) * nb + b] == 0.0f) continue;
+                const int8_t *xa = xq + r * K + b * QK;
+                int32x4_t sums[2][2];
+                dot_values_pair(w, xa, xa + K, sums[0], sums[1]);
+                for (int i = 0; i < 2; i++)
+                    if (xd[(r + i) * nb + b] != 0.0f) accumulate_row(acc[r + i], sums[i], zero, ROW_ARGS(r + i));
             }
         }
+#endif
+        for (; r < R; r++) {
+            if (xd[r * nb + b] == 0.0f) continue;     /* a skipped second pass, or a zero block */
+            int32x4_t lo[2], hi[2];
+            dot4_values(v, xq + r * K + b * QK, 0, lo);
+            dot4_values(v, xq + r * K + b * QK, 4, hi);
+            accumulate_row(acc[r], lo, hi, ROW_ARGS(r));
+        }
     }
+#undef ROW_ARGS
     for (int r = 0; r < R; r++) {
         vst1q_f32(out[r], acc[r][0]);
         vst1q_f32(out[r] + 4, acc[r][1]);

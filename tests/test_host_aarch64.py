@@ -3,8 +3,9 @@ path's flags into a static program (tests/host_emulated/driver.c) run under qemu
 written here. The quantized matmul (matrices of every format) must give the native library's
 bits (the NEON paths' integer sums are exact and their float steps the portable path's); paged
 attention, RMSNorm, SiLU/GELU-tanh x up and RoPE, plain C on every aarch64 path, the native
-portable library's; all near the NumPy twins. qemu's `-cpu max` has SDOT; `-cpu cortex-a53` has
-plain NEON only, so it would trap an SDOT that leaked into the neon path."""
+portable library's; the sampling helpers the twins' exactly; all near the NumPy twins. qemu's
+`-cpu max` has SMMLA and SDOT, `-cpu cortex-a76` SDOT only, `-cpu cortex-a53` plain NEON only:
+an instruction that leaked into a path whose CPUs lack it would trap."""
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,7 +28,7 @@ from tests.test_host_kernels import _K_QUANT_SCALES, _weight
 CROSS_CC = "aarch64-linux-gnu-gcc"
 QEMU = "qemu-aarch64"
 DRIVER = Path(__file__).parent / "host_emulated" / "driver.c"
-QEMU_CPU = {"portable": "cortex-a53", "neon": "cortex-a53", "neon-dotprod": "max"}
+QEMU_CPU = {"portable": "cortex-a53", "neon": "cortex-a53", "neon-dotprod": "cortex-a76", "neon-i8mm": "max"}
 AARCH64_ISAS = host_build.machine_isas("aarch64")
 
 pytestmark = pytest.mark.skipif(
@@ -318,14 +319,15 @@ def test_every_aarch64_row_kernel_and_rope_is_near_the_numpy_twin(outputs, isa):
         np.testing.assert_array_equal(ours, _rotated(rotary.apply_rope_numpy, *case), err_msg=f"{isa}: rope")
 
 
-def test_the_plain_neon_path_has_no_sdot(drivers):
-    """Run on a Cortex-A53 (no dotprod) above; here the proof is in the code: no SDOT at all."""
+def test_each_arm_path_has_only_its_own_instructions(drivers):
+    """Run on a Cortex-A53 (no dotprod) and an A76 (no i8mm) above; here the proof is in the code."""
     objdump = shutil.which("aarch64-linux-gnu-objdump")
     if not objdump:
         pytest.skip("needs aarch64-linux-gnu-objdump")
     code = {isa: subprocess.run([objdump, "-d", str(drivers[isa])], capture_output=True, text=True, check=True).stdout
-            for isa in ("neon", "neon-dotprod")}
+            for isa in ("neon", "neon-dotprod", "neon-i8mm")}
     assert "\tsdot\t" not in code["neon"] and "\tsdot\t" in code["neon-dotprod"]
+    assert "\tsmmla\t" not in code["neon-dotprod"] and "\tsmmla\t" in code["neon-i8mm"]
 
 
 @pytest.mark.parametrize("isa", AARCH64_ISAS)

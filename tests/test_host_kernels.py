@@ -62,7 +62,7 @@ CPUINFO = Path(__file__).parent / "fixtures" / "cpuinfo"
 
 
 @pytest.mark.parametrize("machine, isa, has_i8mm", [("raspberry_pi5_cortex_a76", "neon-dotprod", False),
-                                                    ("graviton3_neoverse_v1", "neon-dotprod", True),
+                                                    ("graviton3_neoverse_v1", "neon-i8mm", True),
                                                     ("raspberry_pi3_cortex_a53", "neon", False)])
 def test_arm_cpus_take_their_path_from_the_features_line(machine, isa, has_i8mm):
     flags = _host.parse_cpu_flags((CPUINFO / f"{machine}.txt").read_text())
@@ -71,7 +71,7 @@ def test_arm_cpus_take_their_path_from_the_features_line(machine, isa, has_i8mm)
 
 
 @pytest.mark.parametrize("hwcap, hwcap2, isa, has_i8mm", [(0x119FFF, 0x0, "neon-dotprod", False),    # Pi 5
-                                                         (0x1FFFFF, 0x2000, "neon-dotprod", True),   # Graviton 3
+                                                         (0x1FFFFF, 0x2000, "neon-i8mm", True),      # Graviton 3
                                                          (0x887, 0x0, "neon", False)])               # Pi 3
 def test_arm_cpus_take_their_path_from_getauxval(monkeypatch, hwcap, hwcap2, isa, has_i8mm):
     """AT_HWCAP bit 1 asimd, 20 asimddp; AT_HWCAP2 bit 13 i8mm: read beside /proc/cpuinfo on aarch64."""
@@ -89,7 +89,7 @@ def test_x86_flags_are_read_from_the_flags_line_not_vmx_flags():
 
 def test_each_architecture_builds_its_own_paths():
     assert host_build.machine_isas("x86_64")[-1] == host_build.machine_isas("aarch64")[-1] == "portable"
-    assert set(host_build.machine_isas("aarch64")) == {"neon-dotprod", "neon", "portable"}
+    assert set(host_build.machine_isas("aarch64")) == {"neon-i8mm", "neon-dotprod", "neon", "portable"}
     assert host_build.machine_isas("arm64") == host_build.machine_isas("aarch64")
     assert "-DEMBER_USE_NEON" in host_build.flags("neon") and "+dotprod" in " ".join(host_build.flags("neon-dotprod"))
 

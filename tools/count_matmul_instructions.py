@@ -7,7 +7,7 @@ R = 1 row of x (a decode step: every block decoded for one row) and R = 8 rows (
 each block decoded once for 8 rows). One block of one group against one row is 8 x 32 = 256 MACs,
 so the figure is the probe function's executed instructions / (64 R): decode, integer dot
 products, float scaling and loop overhead together. `dot` counts the integer multiply-accumulate
-instructions alone (SDOT; SMULL(2), SMLAL(2), SADALP). qemu's `-d in_asm,exec,nochain` log gives
+instructions alone (SMMLA, SDOT; SMULL(2), SMLAL(2), SADALP). qemu's `-d in_asm,exec,nochain` log gives
 each translated block's instructions and every execution of one.
 
     python tools/count_matmul_instructions.py     # needs aarch64-linux-gnu-gcc and qemu-aarch64
@@ -28,7 +28,7 @@ from ember_cupy.ops import host_build  # noqa: E402
 
 CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
 FORMATS = {"Q8_0": 0, "Q4_1": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4, "Q5_0": 5, "Q5_1": 6, "Q4_0": 7}
-PATHS = {"neon-dotprod": ("max", {"sdot"}), "neon": ("cortex-a53", {"smull", "smull2", "smlal", "smlal2", "sadalp"})}
+PATHS = {"neon-i8mm": ("max", {"smmla", "sdot"}), "neon-dotprod": ("max", {"sdot"}), "neon": ("cortex-a53", {"smull", "smull2", "smlal", "smlal2", "sadalp"})}
 BLOCKS = 64
 ROWS_OF_X = (1, 8)
 
@@ -64,8 +64,11 @@ def probe_source() -> str:
 
 
 def _mnemonic(word: int, shown: str) -> str:
-    """qemu's disassembler shows SDOT as `.byte`: told by its encodings (vector, by element)."""
-    return "sdot" if (word & 0xBFE0FC00) == 0x0E809400 or (word & 0xBFC0F400) == 0x0F80E000 else shown
+    """qemu's disassembler shows SDOT and SMMLA as `.byte`: told by their encodings (SDOT vector
+    and by element)."""
+    if (word & 0xBFE0FC00) == 0x0E809400 or (word & 0xBFC0F400) == 0x0F80E000:
+        return "sdot"
+    return "smmla" if (word & 0xFFE0FC00) == 0x4E80A400 else shown
 
 
 def executed(isa: str, workdir: Path) -> dict[str, Counter]:

@@ -5,9 +5,8 @@ checkout, or a path the package lacks, compiles them on first use with the machi
 cached on disk (keyed by source hash + flags + compiler version).
 
 ISA paths: `avx512amx` (AVX-512 VNNI plus AMX tiles for matmuls of 8 rows or more, where Linux
-grants the tiles), `avx512vnni`, `avx2`; on aarch64 `neon-dotprod` (Armv8.2 SDOT) and `neon`;
-`portable` (plain C any compiler builds). `EMBER_HOST_ISA`
-forces one; `EMBER_HOST_KERNELS=0` turns host kernels off (the NumPy twins run instead);
+grants the tiles), `avx512vnni`, `avx2`; on aarch64 `neon-i8mm` (SMMLA), `neon-dotprod` (SDOT)
+and `neon`; `portable` (plain C any compiler builds). `EMBER_HOST_ISA` forces one; `EMBER_HOST_KERNELS=0` turns host kernels off (the NumPy twins run instead);
 `EMBER_NUM_THREADS` sets the kernels' thread count (default: the CPUs this process may use), and
 `EMBER_SPIN_US` how long idle workers spin before sleeping (cpu/threadpool.h).
 """
@@ -36,6 +35,7 @@ ISA_CPU_FLAGS = {
     "avx512amx": _AVX512_CPU_FLAGS | {"amx_tile", "amx_int8"},
     "avx512vnni": _AVX512_CPU_FLAGS,
     "avx2": {"avx2", "fma", "f16c"},
+    "neon-i8mm": {"asimd", "asimddp", "i8mm"},
     "neon-dotprod": {"asimd", "asimddp"},
     "neon": {"asimd"},
     "portable": set(),

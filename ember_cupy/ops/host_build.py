@@ -22,6 +22,7 @@ ISA_FLAGS = {
     "avx512vnni": _AVX512_FLAGS,
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
     # aarch64 always has NEON, so its paths are asked for by name: "portable" stays plain C there
+    "neon-i8mm": ("-march=armv8.2-a+dotprod+i8mm", "-DEMBER_USE_NEON"),
     "neon-dotprod": ("-march=armv8.2-a+dotprod", "-DEMBER_USE_NEON"),
     "neon": ("-march=armv8-a", "-DEMBER_USE_NEON"),
     "portable": (),
@@ -33,8 +34,8 @@ BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-pthread", "-ffp-contract=
 ISAS_BY_MACHINE = {
     "x86_64": ("avx512amx", "avx512vnni", "avx2", "portable"),
     "amd64": ("avx512amx", "avx512vnni", "avx2", "portable"),
-    "aarch64": ("neon-dotprod", "neon", "portable"),
-    "arm64": ("neon-dotprod", "neon", "portable"),
+    "aarch64": ("neon-i8mm", "neon-dotprod", "neon", "portable"),
+    "arm64": ("neon-i8mm", "neon-dotprod", "neon", "portable"),
 }
 
 PREBUILT_DIR = Path(__file__).resolve().parent / "prebuilt"
