@@ -16,7 +16,7 @@ from aiohttp import web
 
 from ember_cupy import tool_calls
 from ember_cupy.reasoning import ReasoningStream, split_reasoning
-from ember_cupy.server import responses as R
+from ember_cupy.server import completion_bodies as R
 from ember_cupy.server.async_engine import EngineDeadError, EngineNotReadyError, RequestStream
 from ember_cupy.server.errors import APIError
 from ember_cupy.server.protocol import validate

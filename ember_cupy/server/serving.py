@@ -12,7 +12,7 @@ from aiohttp import web
 
 from ember_cupy import tool_calls
 from ember_cupy.sampling_params import MAX_LOGPROBS
-from ember_cupy.server import responses as R
+from ember_cupy.server import completion_bodies as R
 from ember_cupy.server.async_engine import (
     AsyncEngine,
     EngineDeadError,
