@@ -65,7 +65,7 @@ def json_params(schema, **sampling) -> SamplingParams:
 
 
 def chat_prompt(llm, text: str) -> str:
-    return llm.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+    return llm.tokenizer.apply_chat_template([{"role": "user", "content": text}])   # SmolLM2 adds no BOS either way
 
 
 @pytest.fixture(scope="module")

@@ -285,9 +285,11 @@ class AsyncEngine:
         workers = self._large_text if work_chars > SMALL_TEXT_CHARS else self._small_text
         return await self._prepare(workers, lambda _abandoned: fn(*args, **kwargs))
 
-    async def tokenize(self, text: str) -> list[int]:
-        """A prompt's token ids, as add_request would tokenize it (off the loop, as off_loop)."""
-        return await self.off_loop(self.engine.tokenizer.encode, text, work_chars=len(text))
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """A prompt's token ids, as add_request would tokenize it (off the loop, as off_loop);
+        add_special_tokens=False for a rendered chat prompt."""
+        return await self.off_loop(self.engine.tokenizer.encode, text, add_special_tokens=add_special_tokens,
+                                   work_chars=len(text))
 
     async def _prepare(self, workers: PrepareWorkers, job: Callable[[threading.Event], object]):
         """job(abandoned) on workers; a caller that gives up (timeout, cancel) abandons it."""
@@ -329,9 +331,11 @@ class AsyncEngine:
 
     async def add_request(self, prompt: str | list[int], params: SamplingParams | PoolingParams | None = None, *,
                           request_id: str | None = None, priority: int = 0, cache_salt: str | None = None,
-                          prompt_token_ids: list[int] | None = None, prompt_index: int = 0) -> RequestStream:
+                          prompt_token_ids: list[int] | None = None, prompt_index: int = 0,
+                          add_special_tokens: bool = True) -> RequestStream:
         """Queue a request; returns its stream once the engine has admitted it.
-        prompt_token_ids: a string prompt's tokens, as tokenize() gave them (not tokenized again).
+        prompt_token_ids: a string prompt's tokens, as tokenize() gave them (not tokenized again);
+        without them add_special_tokens says how it is tokenized (False for a rendered chat prompt).
         prompt_index: its place among the prompts of one HTTP request (the scheduler serves every
         request's first prompt before any request's second).
 
@@ -346,7 +350,7 @@ class AsyncEngine:
         arrival = time.monotonic()
         token_ids = prompt_token_ids if isinstance(prompt, str) else None
         if isinstance(prompt, str) and token_ids is None:
-            token_ids = await self.tokenize(prompt)
+            token_ids = await self.tokenize(prompt, add_special_tokens)
         constraint = getattr(params, "structured_outputs", None)
         if constraint is not None:   # compiled off the loop: admission finds it cached
             await self._prepare(self._grammar, lambda abandoned: self.engine.grammars.compile(constraint, abandoned))

@@ -31,7 +31,7 @@ class EmbeddingsServing:
         req = validate(EmbeddingRequest, body, self.engine.tokenizer.vocab_size)
         serving.check_model(req.model)
         self._check_dimensions(req.dimensions)
-        token_ids = await serving.tokenize_prompts(req.input, "input")
+        token_ids = await serving.tokenize_prompts(req.input, "input", add_special_tokens=True)
         streams = await self._admit(req.input, token_ids)
         try:
             finals = await asyncio.gather(*[stream.final() for stream in streams])

@@ -34,13 +34,13 @@ class MessagesServing:
     async def count_tokens(self, request: web.Request) -> web.Response:
         req = validate(CountTokensRequest, await read_json_body(request))
         _, prompt, _ = await self.serving.prepare_chat(M.chat_body(req))
-        token_ids = await self.serving.tokenize_prompts([prompt], "messages")
+        token_ids = await self.serving.tokenize_prompts([prompt], "messages", add_special_tokens=False)
         return web.json_response({"input_tokens": len(token_ids[0])})
 
     async def create(self, request: web.Request) -> web.StreamResponse:
         req = validate(MessagesRequest, await read_json_body(request))
         chat, prompt, tools = await self.serving.prepare_chat(M.chat_body(req))
-        token_ids = (await self.serving.tokenize_prompts([prompt], "messages"))[0]
+        token_ids = (await self.serving.tokenize_prompts([prompt], "messages", add_special_tokens=False))[0]
         reply = _Reply(self.serving, M.new_message_id(), req.model, prompt, tools)
         try:
             stream = await self.serving.engine.add_request(prompt, chat.params, request_id=reply.id,

@@ -45,7 +45,7 @@ class ResponsesServing:
         messages = history + conversation(req.input)
         try:
             chat, prompt, tools = await self.serving.prepare_chat(chat_body(req, messages))
-            token_ids = await self.serving.tokenize_prompts([prompt], "input")
+            token_ids = await self.serving.tokenize_prompts([prompt], "input", add_special_tokens=False)
         except APIError as exc:
             exc.param = _responses_param(exc.param)
             raise
