@@ -22,8 +22,9 @@ from ember_cupy.outputs import RequestOutput
 from ember_cupy.ray_serve.replica import ADMISSION_ERRORS, ADMITTED, REFUSED
 from ember_cupy.ray_serve.routing_key import RoutingKeys
 from ember_cupy.sampling_params import SamplingParams
-from ember_cupy.server.async_engine import SMALL_TEXT_CHARS, EngineDeadError, EngineState, RequestStream
+from ember_cupy.server.async_engine import SMALL_TEXT_CHARS, EngineDeadError, EngineState
 from ember_cupy.server.prepare_workers import DEFAULT_PREPARE_TIMEOUT, PrepareWorkers
+from ember_cupy.server.request_stream import RequestStream
 
 log = logging.getLogger("ember_cupy.ray_serve")
 

@@ -11,7 +11,8 @@ import numpy as np
 from aiohttp import web
 
 from ember_cupy.engine.pooling import PoolingParams
-from ember_cupy.server.async_engine import EngineDeadError, EngineNotReadyError, RequestStream
+from ember_cupy.server.async_engine import EngineDeadError, EngineNotReadyError
+from ember_cupy.server.request_stream import RequestStream
 from ember_cupy.server.errors import APIError, from_value_error
 from ember_cupy.server.protocol import validate
 from ember_cupy.server.protocol.embeddings import EmbeddingRequest

@@ -14,11 +14,12 @@ from aiohttp import web
 from ember_cupy import tool_calls
 from ember_cupy.server import anthropic_errors
 from ember_cupy.server import messages_chat as M
-from ember_cupy.server.async_engine import EngineDeadError, EngineNotReadyError, RequestStream
+from ember_cupy.server.async_engine import EngineDeadError, EngineNotReadyError
 from ember_cupy.server.errors import APIError
 from ember_cupy.server.messages_stream import CONSTRAINT_FAILED, MessageEvents
 from ember_cupy.server.protocol import validate
 from ember_cupy.server.protocol.anthropic import CountTokensRequest, MessagesRequest
+from ember_cupy.server.request_stream import RequestStream
 from ember_cupy.server.serving import OpenAIServing, engine_error
 from ember_cupy.server.validation import read_json_body
 

@@ -19,13 +19,13 @@ from ember_cupy.server.async_engine import (
     EngineNotReadyError,
     EngineOverloadedError,
     PrepareTimeoutError,
-    RequestStream,
 )
 from ember_cupy.server.errors import APIError, from_value_error
 from ember_cupy.server.logprob_limits import check_logprob_entries
 from ember_cupy.server.protocol import GenerationRequest, parse_chat, parse_completion, with_sampling_defaults
 from ember_cupy.server.output_parsers import ChatDeltas, OutputParsers
 from ember_cupy.server.protocol.constraints import tool_spec
+from ember_cupy.server.request_stream import RequestStream
 from ember_cupy.server.validation import read_json_body
 
 log = logging.getLogger("ember_cupy.server")
