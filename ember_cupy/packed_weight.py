@@ -247,7 +247,7 @@ class StackedWeight:
     """A matrix whose consecutive row ranges are PackedWeights of different formats."""
     parts: tuple[PackedWeight, ...]
 
-    def __post_init__(self):
+    def __post_init__(self):   # parts: PackedWeights, or HalfWeights (ember_cupy/half_weight.py)
         if len({p.shape[1] for p in self.parts}) != 1:
             raise ValueError("StackedWeight needs parts of one width")
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from ember_cupy.config import ModelConfig
 from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, prepare_linear_weights
+from ember_cupy.quant import half_tensor
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
@@ -192,10 +193,23 @@ def _read_safetensors(path: str, layer_names: dict, progress) -> dict[str, np.nd
             for hf_name in f.keys():
                 name = _canonical_name(hf_name, layer_names)
                 if name is not None:
-                    weights[name] = np.asarray(f.get_tensor(hf_name), dtype=np.float32)  # bf16 via ml_dtypes
+                    weights[name] = _tensor(f, hf_name)
         if progress:
             progress(done, len(files))
     return weights
+
+
+_HALF_DTYPES = {"F16": "F16", "BF16": "BF16"}   # safetensors dtype -> QuantizedTensor qtype
+
+
+def _tensor(f, hf_name: str):
+    """A 16-bit float matrix as its bits (a QuantizedTensor: served in 16 bits, model/weights.py),
+    no float32 copy; anything else as float32 (bf16 vectors via ml_dtypes)."""
+    array = f.get_tensor(hf_name)
+    qtype = _HALF_DTYPES.get(f.get_slice(hf_name).get_dtype())
+    if qtype is not None and array.ndim == 2:
+        return half_tensor(array.view(np.uint16), qtype)
+    return np.asarray(array, dtype=np.float32)
 
 
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
