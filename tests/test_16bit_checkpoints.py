@@ -9,6 +9,7 @@ import pytest
 
 from ember_cupy import LLM, SamplingParams
 from ember_cupy.half_weight import HalfWeight
+from ember_cupy.ops import _host
 from tiny_gguf import write_tiny_gguf
 from tiny_model import assert_greedy_matches_reference, write_tiny_checkpoint
 
@@ -55,7 +56,8 @@ def test_bf16_safetensors_are_served_in_16_bits(bf16):
     assert all(isinstance(m, HalfWeight) and m.qtype == "BF16" and m.data.dtype == np.uint16 for m in matrices)
     held = {id(m): m.nbytes for m in matrices}       # the tied LM head is the embedding table
     assert sum(held.values()) == 2 * _params(weights)
-    assert llm.engine.runner.model._fused_layers(llm.engine.runner.kv_caches) is not None  # one host call a layer
+    if _host.active() is not None:      # one host call a layer (EMBER_HOST_KERNELS=0: the twins)
+        assert llm.engine.runner.model._fused_layers(llm.engine.runner.kv_caches) is not None
 
 
 def test_bf16_logits_match_the_float64_reference(bf16):
