@@ -3,6 +3,8 @@ load with `LLM`, keep every matrix in its 16 bits (cpu/matmul_16bit.c), match th
 reference on those weights, decode what the float32 copy of the same weights decodes, and give a
 sequence the same logprobs alone and in a batch."""
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -108,3 +110,12 @@ def test_quantization_none_keeps_16_bits(tmp_path):
     none = LLM(str(tmp_path), quantization="none", kv_cache_dtype="float32")
     assert all(isinstance(m, HalfWeight) for m in _matrices(none))
     assert_greedy_matches_reference(none, weights, config)
+
+
+def test_a_bf16_checkpoint_loads_in_a_process_that_never_imported_ml_dtypes(bf16):
+    """safetensors reads bf16 as NumPy's "bfloat16", a dtype only ml_dtypes registers."""
+    path = bf16[0]
+    code = (f"from ember_cupy import LLM, SamplingParams; llm = LLM({str(path)!r}); "
+            "print(llm.generate([[3, 4]], SamplingParams(max_tokens=2, ignore_eos=True))[0].outputs[0].token_ids)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -184,6 +184,7 @@ def _shard_files(path: str) -> list[str]:
 
 
 def _read_safetensors(path: str, layer_names: dict, progress) -> dict[str, np.ndarray]:
+    import ml_dtypes  # noqa: F401  (registers NumPy's bfloat16, which safetensors' numpy reader needs)
     from safetensors import safe_open
 
     weights = {}
