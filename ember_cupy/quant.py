@@ -37,11 +37,11 @@ class QuantizedTensor:
 
     def dequantize(self, rows=None) -> np.ndarray:
         """float32 [rows, cols] (all rows, or the ones indexed by `rows`)."""
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
         data = self.data if rows is None else self.data[rows]
         if self.qtype in HALF_TYPES:
             return widen(np.ascontiguousarray(data).view(np.uint16), self.qtype).reshape(data.shape[0], self.shape[1])
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
         values = dequantize(data, GGMLQuantizationType[self.qtype])
         return values.astype(np.float32, copy=False).reshape(data.shape[0], self.shape[1])
 
