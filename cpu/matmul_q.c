@@ -681,19 +681,6 @@ static int valid_part(const EmberWeightPart *part, int64_t K) {
            K % (QK * FORMATS[part->wtype].blocks) == 0 && (part->rows == 0 || part->w != NULL);
 }
 
-/* Parts all 16-bit: x is not quantized. */
-static int matmul_16bit_parts(const float *x, int64_t M, int64_t K, int64_t ldx, const EmberWeightPart *parts,
-                              int32_t count, float *y, int64_t ldy) {
-    int64_t column = 0;
-    for (int32_t p = 0; p < count; p++) {
-        const int status = ember_matmul_16bit(x, M, K, ldx, (const uint16_t *)parts[p].w, parts[p].rows,
-                                              parts[p].wtype, y + column, ldy);
-        if (status) return status;
-        column += parts[p].rows;
-    }
-    return 0;
-}
-
 /* One part's rows of y (columns [column, column + rows)), x quantized already. */
 static void matmul_part(const EmberWeightPart *part, const struct quantized_x *x, int64_t rows, int32_t passes,
                         float *y, int64_t ldy) {
@@ -728,30 +715,35 @@ EMBER_EXPORT int ember_matmul_parts(const float *x, int64_t M, int64_t K, int64_
         quantized_parts++;
     }
     if (M == 0 || count == 0) return 0;
-    if (!quantized_parts) return matmul_16bit_parts(x, M, K, ldx, parts, count, y, ldy);
     const int64_t nb = K / QK, rows = M * passes;
-    const int64_t padded_rows = (rows + 15) / 16 * 16;      /* AMX reads x 16 rows at a time */
-    int8_t *xq = (int8_t *)malloc((size_t)(padded_rows * K + 64));
-    float *xd = (float *)malloc(sizeof(float) * (size_t)(rows * nb) * 4);
-    if (!xq || !xd) { free(xq); free(xd); return -2; }
-    memset(xq + rows * K, 0, (size_t)((padded_rows - rows) * K));
-    float *xs = xd + rows * nb;
-    int32_t *xsum = (int32_t *)(xs + rows * nb), *xsum_lo = xsum + rows * nb;
-    if (passes == 2) quantize_two_pass(x, M, K, ldx, second_pass_threshold, xq, xd, xs, xsum, xsum_lo);
-    else quantize_one_pass(x, M, K, ldx, xq, xd, xs, xsum, xsum_lo);
-    const struct quantized_x quantized = {xq, xd, xs, xsum, xsum_lo, K, nb};
+    int8_t *xq = NULL;
+    float *xd = NULL;
+    struct quantized_x quantized = {0};
+    if (quantized_parts) {
+        const int64_t padded_rows = (rows + 15) / 16 * 16;      /* AMX reads x 16 rows at a time */
+        xq = (int8_t *)malloc((size_t)(padded_rows * K + 64));
+        xd = (float *)malloc(sizeof(float) * (size_t)(rows * nb) * 4);
+        if (!xq || !xd) { free(xq); free(xd); return -2; }
+        memset(xq + rows * K, 0, (size_t)((padded_rows - rows) * K));
+        float *xs = xd + rows * nb;
+        int32_t *xsum = (int32_t *)(xs + rows * nb), *xsum_lo = xsum + rows * nb;
+        if (passes == 2) quantize_two_pass(x, M, K, ldx, second_pass_threshold, xq, xd, xs, xsum, xsum_lo);
+        else quantize_one_pass(x, M, K, ldx, xq, xd, xs, xsum, xsum_lo);
+        quantized = (struct quantized_x){xq, xd, xs, xsum, xsum_lo, K, nb};
+    }
+    int status = 0;
     int64_t column = 0;
-    for (int32_t p = 0; p < count; p++) {
-        if (ember_is_16bit(parts[p].wtype))
-            ember_matmul_16bit(x, M, K, ldx, (const uint16_t *)parts[p].w, parts[p].rows, parts[p].wtype,
-                               y + column, ldy);
+    for (int32_t p = 0; p < count && !status; p++) {
+        if (ember_is_16bit(parts[p].wtype))     /* x as it is */
+            status = ember_matmul_16bit(x, M, K, ldx, (const uint16_t *)parts[p].w, parts[p].rows, parts[p].wtype,
+                                        y + column, ldy);
         else
             matmul_part(&parts[p], &quantized, rows, passes, y + column, ldy);
         column += parts[p].rows;
     }
     free(xq);
     free(xd);
-    return 0;
+    return status;
 }
 
 /* One matrix of one format: w packed as above, ceil(N / 8) groups. */
