@@ -67,6 +67,21 @@ def test_bf16_logits_match_the_float64_reference(bf16):
     assert_greedy_matches_reference(llm, weights, config)
 
 
+FAMILIES = {
+    "gemma3-sliding-tied": dict(arch="Gemma3ForCausalLM", heads=4, kv_heads=1, head_dim=16, layers=4,
+                                sliding_window=5, extra_config={"sliding_window_pattern": 2}),
+    "qwen2-biases": dict(arch="Qwen2ForCausalLM", bias=True, heads=4, kv_heads=2, hidden=48),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_other_families_in_bf16_match_the_float64_reference(tmp_path, family):
+    weights = write_tiny_checkpoint(tmp_path, dtype="bfloat16", **FAMILIES[family])
+    llm = LLM(str(tmp_path), kv_cache_dtype="float32", block_size=4, max_num_batched_tokens=7)
+    assert all(isinstance(m, HalfWeight) for m in _matrices(llm))
+    assert_greedy_matches_reference(llm, weights, json.load(open(tmp_path / "config.json")))
+
+
 def test_bf16_decodes_what_its_float32_copy_decodes(bf16, tmp_path):
     """The same values stored as float32 go through the float32 path (NumPy's GEMM): the sums
     differ in order only, the greedy tokens do not."""
