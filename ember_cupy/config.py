@@ -104,7 +104,8 @@ class EngineConfig:
     dtype: str = "auto"                   # weights/KV dtype; auto: float32 on NumPy, see resolve_dtype
     gpu_memory_utilization: float = 0.9   # CuPy: fraction of free device memory for weights + KV
     # Serving format of the weight matrices (ember_cupy/model/weights.py): auto = as stored
-    # (GGUF blocks stay quantized), none = dequantized to float (the exact reference), q8_0.
+    # (GGUF blocks stay quantized, 16-bit floats 16-bit), none = dequantized to float (the exact
+    # reference; on the host 16-bit floats stay 16-bit: exact already), q8_0.
     quantization: str = "auto"
     # Quantized matmuls quantize their input to int8 blocks: 2 passes (the values, then their
     # residual: ~14 bits) or 1 (llama.cpp's scheme: up to 2x faster prefill and batched decode,
