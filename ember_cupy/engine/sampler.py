@@ -49,7 +49,6 @@ finite or +inf value gives -inf everywhere.
 """
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,8 +62,6 @@ from ember_cupy.engine.sequence import Sequence
 from ember_cupy.ops import _cuda, _host
 from ember_cupy.structured.bitmask import apply_token_bitmask
 
-_host.register_signature("ember_kth_largest", [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                               ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int)
 
 # Candidate set sizes tried, in turn, for a top-p without top-k before sorting the whole vocabulary.
 TOP_P_CANDIDATES = (256, 2048, 16384)
@@ -249,8 +246,6 @@ class Sampler:
             top = [(int(t), float(v)) for t, v in zip(ids[j, :n], values[j, :n])]
             entries[row] = TokenLogprobs(token_ids[row], float(chosen[j]), top)
         return entries
-
-
 
 
 def to_host(array) -> np.ndarray:

@@ -44,7 +44,6 @@ def fused_layer_computes(config) -> bool:
     return config.hidden_act in ACTIVATIONS
 
 
-_host.register_signature("ember_llama_layer", [_P, _P, _P, _P, _I32], ctypes.c_int)
 
 
 def layer_args(layer, k_cache: np.ndarray, v_cache: np.ndarray, window: int = 0,

@@ -47,12 +47,6 @@ def weight_parts(weight: PackedWeight | StackedWeight | HalfWeight) -> ctypes.Ar
                                                for p in weight.parts))
 
 
-_host.register_signature("ember_matmul_parts", [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                                                ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64,
-                                                ctypes.c_int32, ctypes.c_float], ctypes.c_int)
-_host.register_signature("ember_matmul_16bit", [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                                                ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p,
-                                                ctypes.c_int64], ctypes.c_int)
 
 
 HOST_WEIGHTS = (PackedWeight, StackedWeight, HalfWeight, DequantizedWeight)   # what matmul_q takes on the host

@@ -3,19 +3,12 @@ rows, or its NumPy twin `ember_cupy.packed_weight.pack` (the same bytes; tests/t
 16-bit float matrices in panels of 16 rows by cpu/matmul_16bit.c, or `half_weight.pack_16bit`."""
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
 from ember_cupy.half_weight import LANES, HalfWeight, half_bits, pack_16bit
 from ember_cupy.ops import _host
 from ember_cupy.packed_weight import LAYOUTS, ROWS_PER_GROUP, PackedWeight, check_packable, kernel_type, pack
 from ember_cupy.quant import HALF_TYPES, QuantizedTensor
-
-_host.register_signature("ember_pack_weight", [ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                               ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64], ctypes.c_int)
-_host.register_signature("ember_pack_16bit", [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                                              ctypes.c_void_p], ctypes.c_int)
 
 
 def pack_host(tensor: QuantizedTensor, library) -> PackedWeight:

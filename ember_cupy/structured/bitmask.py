@@ -8,8 +8,6 @@ NumPy twin where no host kernel is active.
 """
 from __future__ import annotations
 
-import ctypes
-
 import llguidance
 import llguidance.numpy as llg_numpy
 import numpy as np
@@ -17,8 +15,6 @@ import numpy as np
 from ember_cupy.ops import _cuda, _host
 
 _THREADS = 256
-_P, _I64 = ctypes.c_void_p, ctypes.c_int64
-_host.register_signature("ember_apply_token_bitmask", [_P, _I64, _I64, _I64, _P, _I64, _P, _I64], ctypes.c_int)
 _executor: llguidance.LLExecutor | None = None
 
 
