@@ -4,6 +4,11 @@ the sequence's last n tokens, in its prompt or its output.
 The longest n in [prompt_lookup_min, prompt_lookup_max] whose last-n-gram occurs earlier wins; of
 its occurrences, the earliest (vLLM's choice); up to num_speculative_tokens of the tokens that
 follow it, fewer when the context ends first. No occurrence: no draft.
+
+The proposer interface (engine/speculator.py, and engine/draft_proposer.py's draft model):
+propose_batch(seqs, max_tokens) -> each sequence's drafts; costs: the drafter's measured step
+costs (StepCosts), None when drafting is free as here; verified(seq, num_accepted): how many of
+seq's drafts its verification kept; release(seq): forget a sequence (finished, preempted).
 """
 from __future__ import annotations
 
@@ -12,9 +17,20 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 
 class NgramProposer:
+    costs = None   # a lookup costs ~0.1 ms a sequence: nothing the gate must weigh
+
     def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int):
         self.min_n = prompt_lookup_min
         self.max_n = prompt_lookup_max
+
+    def propose_batch(self, seqs, max_tokens: list[int]) -> list[list[int]]:
+        return [self.propose(seq.token_ids, limit) for seq, limit in zip(seqs, max_tokens)]
+
+    def verified(self, seq, num_accepted: int) -> None:
+        """Nothing is kept per sequence (nor below)."""
+
+    def release(self, seq) -> None:
+        pass
 
     def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
         """At most max_tokens drafted tokens to follow token_ids."""
