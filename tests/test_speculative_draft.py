@@ -14,6 +14,7 @@ from ember_cupy.model.loader import default_model_path
 
 PROMPTS = ["The capital of France is", "Write a short story about a lighthouse keeper.",
            "List three colours: red,"]
+CATCH_UP_BUDGET = 5
 
 
 class CostlyDrafting(FreeVerification):
@@ -40,7 +41,11 @@ def plain(checkpoint):
 
 @pytest.fixture(scope="module")
 def self_drafting(checkpoint):
-    return _always_drafting(LLM(checkpoint, speculative_config=_draft_config(default_model_path())))
+    llm = _always_drafting(LLM(checkpoint, speculative_config=_draft_config(default_model_path())))
+    # the draft catches up with each prompt in chunks of 5 tokens, over several steps: its
+    # acceptance shows that the chunks leave its cache as one pass would
+    llm.engine.speculator.proposer.catch_up_budget = CATCH_UP_BUDGET
+    return llm
 
 
 @pytest.fixture(scope="module")
@@ -101,15 +106,17 @@ def test_a_tiny_random_draft_is_rarely_accepted_and_changes_nothing(plain, tiny_
 
 
 def test_draft_pages_follow_the_sequences_and_an_abort_frees_them(checkpoint, tiny_draft_path):
-    """Stepped by hand under a small target pool (preemption): the draft model caches only running
-    sequences, at most their tokens; an abort and the end free every draft page."""
+    """Stepped by hand under a small target pool (preemption), prompts caught up in chunks: the
+    draft model caches only running sequences, at most their tokens; an abort and the end free
+    every draft page."""
     llm = _always_drafting(LLM(checkpoint, speculative_config=_draft_config(tiny_draft_path, 3),
                                block_size=4, num_kv_blocks=28, max_num_seqs=4))
     engine, proposer = llm.engine, llm.engine.speculator.proposer
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     for i, prompt in enumerate(PROMPTS + [PROMPTS[1] + " Make it sad."]):
         engine.add_request(f"r{i}", prompt, params)
-    cached, preempted = 0, 0
+    proposer.catch_up_budget = CATCH_UP_BUDGET
+    cached, preempted, chunked = 0, 0, False
     while engine.has_unfinished_requests():
         engine.step()
         running = {id(seq): seq for seq in engine.scheduler.running}
@@ -117,10 +124,11 @@ def test_draft_pages_follow_the_sequences_and_an_abort_frees_them(checkpoint, ti
         for key, shadow in proposer._shadows.items():
             assert shadow.token_ids == running[key].token_ids[:shadow.num_tokens]
             assert shadow.num_computed_tokens <= running[key].num_tokens
+            chunked |= 0 < shadow.num_computed_tokens < shadow.num_tokens - 1   # a prompt caught up in part
         cached = max(cached, len(proposer._shadows))
         everyone = engine.scheduler.running + engine.scheduler.waiting
         preempted = max(preempted, sum(seq.stats.num_preemptions for seq in everyone))
-    assert cached > 1 and preempted > 0 and _draft_pages_all_free(llm)
+    assert cached > 1 and preempted > 0 and chunked and _draft_pages_all_free(llm)
     engine.add_request("aborted", PROMPTS[1], params)
     for _ in range(3):
         engine.step()

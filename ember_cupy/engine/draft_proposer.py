@@ -17,8 +17,9 @@ the draft model; its quality only sets how many drafts are accepted.
 Its KV pool: the target pool's blocks, plus one per sequence slot for the drafts past a
 sequence's tokens, at the draft's own bytes per block (its layers and heads), so it holds every
 token the target can. A shadow that finds no free pages does not draft that step (it never
-preempts). After a verification the shadow keeps only the accepted tokens (verified()); a
-finished, aborted or preempted sequence gives its pages back (release()). The draft pool caches
+preempts). Drafts the target does not verify (not scheduled) and those it rejects leave the
+shadow's cache at once (keep(), after scheduling and after verification); a finished, aborted
+or preempted sequence gives its pages back (release()). The draft pool caches
 prefixes as the target's does, so the n sequences of one request share their prompt's pages.
 """
 from __future__ import annotations
@@ -101,11 +102,11 @@ class DraftModelProposer:
             scheduled = self._draft_step(scheduled, drafts)
         return drafts
 
-    def verified(self, seq: Sequence, num_accepted: int) -> None:
-        """seq's verification kept num_accepted of its drafts: the shadow keeps those only."""
+    def keep(self, seq: Sequence, num_drafts: int) -> None:
+        """seq keeps only its first num_drafts drafts: the shadow forgets the others."""
         shadow = self._shadows.get(id(seq))
         if shadow is not None:
-            self._roll_back(shadow, seq.num_tokens + num_accepted)
+            self._roll_back(shadow, min(shadow.num_tokens, seq.num_tokens + num_drafts))
 
     def release(self, seq: Sequence) -> None:
         shadow = self._shadows.pop(id(seq), None)

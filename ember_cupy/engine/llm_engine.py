@@ -238,6 +238,8 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running, self._likely_prompt_tokens())
         batch = self.scheduler.schedule()
+        if self.speculator is not None:
+            self.speculator.scheduled()
         self.last_step_num_tokens = batch.num_tokens
         if self.on_scheduled is not None:
             self.on_scheduled()

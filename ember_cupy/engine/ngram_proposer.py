@@ -7,8 +7,9 @@ follow it, fewer when the context ends first. No occurrence: no draft.
 
 The proposer interface (engine/speculator.py, and engine/draft_proposer.py's draft model):
 propose_batch(seqs, max_tokens) -> each sequence's drafts; costs: the drafter's measured step
-costs (StepCosts), None when drafting is free as here; verified(seq, num_accepted): how many of
-seq's drafts its verification kept; release(seq): forget a sequence (finished, preempted).
+costs (StepCosts), None when drafting is free as here; keep(seq, num_drafts): seq keeps only its
+first num_drafts drafts (the rest were not scheduled, or rejected); release(seq): forget a
+sequence (finished, aborted, preempted).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ class NgramProposer:
     def propose_batch(self, seqs, max_tokens: list[int]) -> list[list[int]]:
         return [self.propose(seq.token_ids, limit) for seq, limit in zip(seqs, max_tokens)]
 
-    def verified(self, seq, num_accepted: int) -> None:
+    def keep(self, seq, num_drafts: int) -> None:
         """Nothing is kept per sequence (nor below)."""
 
     def release(self, seq) -> None:

@@ -62,6 +62,7 @@ class Speculator:
         self.proposer = proposer or NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.stats = SpecDecodeStats(config.num_speculative_tokens)
         self.acceptance = PRIOR_ACCEPTANCE   # engine-wide, a fresh sequence's starting estimate
+        self._drafted: list[Sequence] = []   # the sequences the proposer drafted for this step
 
     # --- before scheduling ----------------------------------------------------------------
     def propose(self, running: list[Sequence], num_prompt_tokens: int) -> None:
@@ -86,6 +87,7 @@ class Speculator:
         asked = [room.num_drafts if drafter_costs is None else count for room, count in zip(bound, plan)]
         asking = [(seq, count) for seq, count in zip(eligible, asked) if count]
         drafted = self.proposer.propose_batch([seq for seq, _ in asking], [count for _, count in asking])
+        self._drafted = [seq for seq, _ in asking]
         offered = [(seq, drafts) for (seq, _), drafts in zip(asking, drafted) if drafts]
         if not offered:
             return
@@ -95,6 +97,13 @@ class Speculator:
             seq.draft_token_ids = drafts[:count]
             if count == 0:
                 seq.draft_acceptance = self._acceptance(seq) + RECOVERY_RATE * (self.acceptance - self._acceptance(seq))
+
+    def scheduled(self) -> None:
+        """After scheduling: the proposer forgets the drafts that the gate or the scheduler (no
+        room in the step or the KV pool) dropped."""
+        for seq in self._drafted:
+            self.proposer.keep(seq, len(seq.draft_token_ids))
+        self._drafted = []
 
     @staticmethod
     def _may_draft(seq: Sequence) -> bool:
@@ -112,7 +121,7 @@ class Speculator:
         """The tokens seq emits: target[j] is what its row j sampled (after j drafts)."""
         drafts = seq.draft_token_ids
         tokens = verified_tokens(drafts, target)
-        self.proposer.verified(seq, len(tokens) - 1)
+        self.proposer.keep(seq, len(tokens) - 1)
         self.stats.observe(len(drafts), len(tokens) - 1)
         self._learn(seq, len(drafts), len(tokens) - 1)
         return tokens
