@@ -21,11 +21,18 @@ preempts). Drafts the target does not verify (not scheduled) and those it reject
 shadow's cache at once (keep(), after scheduling and after verification); a finished, aborted
 or preempted sequence gives its pages back (release()). The draft pool caches
 prefixes as the target's does, so the n sequences of one request share their prompt's pages.
+
+On a GPU the target's pool takes the device memory left after its weights
+(gpu_memory_utilization), so the draft needs num_kv_blocks (--num-kv-blocks) to size the target's
+pool and leave it room; without it the draft model is refused (splitting the memory between the
+two pools is not done yet).
 """
 from __future__ import annotations
 
 import dataclasses
 import time
+
+import numpy as np
 
 from ember_cupy.backend import to_numpy
 from ember_cupy.config import EngineConfig
@@ -79,6 +86,9 @@ class DraftModelProposer:
     @classmethod
     def load(cls, path: str, target: Checkpoint, config: EngineConfig, target_num_blocks: int, xp,
              progress=None) -> DraftModelProposer:
+        if xp is not np and config.num_kv_blocks is None:
+            raise ValueError("speculative_config.model on a GPU needs num_kv_blocks (--num-kv-blocks): without "
+                             "it the target's KV pool takes the memory the draft model needs")
         draft = load_checkpoint(path, progress)
         check_same_vocabulary(draft, target, path)
         k = config.speculative_config.num_speculative_tokens
@@ -153,8 +163,8 @@ class DraftModelProposer:
         if not runnable:
             return []
         started = time.perf_counter()
-        logits = self.runner.execute(batch)
-        tokens = iter(to_numpy(self.runner.xp.argmax(logits.sampling_logits, axis=-1)).tolist())
+        rows = self.runner.execute(batch).sampling_logits   # none when only a catch-up chunk ran
+        tokens = iter(to_numpy(rows.argmax(axis=-1)).tolist() if rows.shape[0] else [])  # CuPy: no argmax of 0 rows
         self.costs.record(batch.num_tokens, time.perf_counter() - started)
         following = []
         for index, shadow, num_tokens, limit in runnable:

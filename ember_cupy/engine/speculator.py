@@ -2,7 +2,9 @@
 
 Before the scheduler runs, propose() gives each decoding sequence that may speculate the drafts
 its proposer offers (at most num_speculative_tokens, and never past its max_tokens), and the
-gate (speculation_gate.py) keeps those that pay at this step's size. The scheduler runs a
+gate (speculation_gate.py) keeps those that pay at this step's size. Proposers: prompt lookup
+(ngram_proposer.py, which describes their interface) and a draft model (draft_proposer.py, whose
+own step costs the gate weighs before it runs). The scheduler runs a
 sequence's last token and its drafts as one chunk (Sequence.draft_token_ids); the runner gives a
 logits row for each; the sampler samples every row as decoding would (Sequence.verification_view);
 verify() keeps what spec_verify.py accepts; the scheduler rolls back the rest.
