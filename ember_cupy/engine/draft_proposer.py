@@ -54,8 +54,7 @@ def check_same_vocabulary(draft: Checkpoint, target: Checkpoint, path: str) -> N
     if sizes[0] != sizes[1]:
         raise ValueError(f"speculative_config.model {path!r}: its vocabulary has {sizes[0]} tokens, the "
                          f"target model's {sizes[1]}; a draft model must share the target's vocabulary")
-    draft_tokens = draft.tokenizer._hf.get_vocab(with_added_tokens=True)
-    target_tokens = target.tokenizer._hf.get_vocab(with_added_tokens=True)
+    draft_tokens, target_tokens = draft.tokenizer.vocabulary(), target.tokenizer.vocabulary()
     if draft_tokens != target_tokens:
         by_id = lambda vocab: {i: t for t, i in vocab.items()}   # noqa: E731
         draft_ids, target_ids = by_id(draft_tokens), by_id(target_tokens)
