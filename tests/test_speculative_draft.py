@@ -106,12 +106,18 @@ def test_a_tiny_random_draft_is_rarely_accepted_and_changes_nothing(plain, tiny_
 
 
 def test_draft_pages_follow_the_sequences_and_an_abort_frees_them(checkpoint, tiny_draft_path):
-    """Stepped by hand under a small target pool (preemption), prompts caught up in chunks: the
-    draft model caches only running sequences, at most their tokens; an abort and the end free
-    every draft page."""
+    """Stepped by hand under a small target pool (preemption) and a small step (decodes left out),
+    prompts caught up in chunks: the draft model caches only running sequences, at most their
+    tokens; an abort and the end free every draft page."""
     llm = _always_drafting(LLM(checkpoint, speculative_config=_draft_config(tiny_draft_path, 3),
-                               block_size=4, num_kv_blocks=28, max_num_seqs=4))
+                               block_size=4, num_kv_blocks=20, max_num_seqs=4, max_num_batched_tokens=6))
     engine, proposer = llm.engine, llm.engine.speculator.proposer
+    execute = proposer.runner.execute
+
+    def every_row_computes(batch):   # a shadow left fully computed (its decode was not scheduled) runs again
+        assert all(num_tokens > 0 for _, num_tokens in batch.scheduled)
+        return execute(batch)
+    proposer.runner.execute = every_row_computes
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     for i, prompt in enumerate(PROMPTS + [PROMPTS[1] + " Make it sad."]):
         engine.add_request(f"r{i}", prompt, params)

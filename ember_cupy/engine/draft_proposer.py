@@ -134,11 +134,17 @@ class DraftModelProposer:
             return shadow
         self._roll_back(shadow, common_prefix(shadow.token_ids, seq.token_ids))
         shadow.token_ids += seq.token_ids[shadow.num_tokens:]
+        # all computed when its last step did not schedule seq: its last token again, for its logits
+        self._uncompute(shadow, shadow.num_tokens - 1)
         return shadow
 
     def _roll_back(self, shadow: Sequence, num_tokens: int) -> None:
         """Keep the shadow's first num_tokens tokens and the pages of those computed."""
         del shadow.token_ids[num_tokens:]
+        self._uncompute(shadow, num_tokens)
+
+    def _uncompute(self, shadow: Sequence, num_tokens: int) -> None:
+        """At most num_tokens computed tokens, and the pages of those only."""
         if shadow.num_computed_tokens <= num_tokens:
             return
         block_size = self.block_manager.block_size
