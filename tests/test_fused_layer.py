@@ -52,6 +52,14 @@ def test_fused_layers_give_the_op_by_op_logprobs(make_llm, kv_cache_dtype):
                                              max_num_batched_tokens=16), PROMPTS)
 
 
+def test_16_bit_matrices_take_the_fused_layer(tmp_path):
+    """A bf16 checkpoint (Qwen3: qk_norm; hidden 48, not a multiple of 32): the layers' 16-bit
+    matrices run in the fused host call as they do op by op."""
+    write_tiny_checkpoint(tmp_path, arch="Qwen3ForCausalLM", dtype="bfloat16", heads=4, kv_heads=2, hidden=48)
+    prompts = [[3 + (5 * i + j) % 60 for i in range(7 + 3 * j)] for j in range(3)]
+    _fused_against_op_by_op(lambda: LLM(str(tmp_path), kv_cache_dtype="float32", max_num_batched_tokens=8), prompts)
+
+
 # ---- Gemma 3 270M ---------------------------------------------------------------------------
 GEMMA3_FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "gemma3_teacher_forced.json")
 

@@ -27,13 +27,14 @@ _GEMMA3_LAYER = {**_LAYER, "post_attention_layernorm": "post_attention_norm",
 
 def write_tiny_gguf(path, weights: dict[str, np.ndarray], config: dict, *, pre: str = "gpt2",
                     rope_freqs: np.ndarray | None = None, quantize_matrices: bool = False,
-                    arch_name: str | None = None, tokenizer_from: str | None = None,
-                    renamed_tokens: dict[int, str] | None = None) -> str:
+                    half_matrices: bool = False, arch_name: str | None = None,
+                    tokenizer_from: str | None = None, renamed_tokens: dict[int, str] | None = None) -> str:
     """weights/config as write_tiny_checkpoint returned/wrote them; rope_freqs: the llama3
-    divisors (converter style); quantize_matrices: 2-D weights as Q8_0 blocks; arch_name: the
-    general.architecture written instead (an unknown one, for the refusal tests); tokenizer_from:
-    a GGUF file whose tokenizer.* fields are copied (weights then need its vocabulary's rows), with
-    renamed_tokens {id: text} changed in its token list."""
+    divisors (converter style); quantize_matrices: 2-D weights as Q8_0 blocks; half_matrices:
+    2-D weights as F16 (rounded); arch_name: the general.architecture written instead (an
+    unknown one, for the refusal tests); tokenizer_from: a GGUF file whose tokenizer.* fields are
+    copied (weights then need its vocabulary's rows), with renamed_tokens {id: text} changed in
+    its token list."""
     hf_arch = config["architectures"][0]
     arch = ARCHS[hf_arch]
     writer = gguf.GGUFWriter(str(path), arch_name or arch)
@@ -65,6 +66,8 @@ def write_tiny_gguf(path, weights: dict[str, np.ndarray], config: dict, *, pre: 
         if quantize_matrices and tensor.ndim == 2:
             blocks = gguf.quants.quantize(tensor, gguf.GGMLQuantizationType.Q8_0)
             writer.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        elif half_matrices and tensor.ndim == 2:
+            writer.add_tensor(name, tensor.astype(np.float16))
         else:
             writer.add_tensor(name, tensor)
     if rope_freqs is not None:

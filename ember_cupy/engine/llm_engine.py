@@ -28,6 +28,7 @@ from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.loader import load_checkpoint
 from ember_cupy.sampling_params import SamplingParams
 from ember_cupy.speculative_config import SpeculativeConfig
+from ember_cupy.structured.bitmask import grammar_bitmasks
 from ember_cupy.structured.compiler import GrammarCompiler
 
 logger = logging.getLogger("ember_cupy.engine")
@@ -130,9 +131,11 @@ class LLMEngine:
                     params: SamplingParams | PoolingParams | None = None,
                     *, priority: int = 0, cache_salt: str | None = None,
                     arrival_time: float | None = None, prompt_token_ids: list[int] | None = None,
-                    output_kind: OutputKind = OutputKind.CUMULATIVE, prompt_index: int = 0) -> None:
+                    output_kind: OutputKind = OutputKind.CUMULATIVE, prompt_index: int = 0,
+                    add_special_tokens: bool = True) -> None:
         """prompt_token_ids: with a string prompt, its token ids as self.tokenizer.encode gave them
         (the server tokenizes off its event loop); the prompt is then not tokenized again.
+        add_special_tokens: how a string prompt is tokenized (False for a rendered chat prompt).
         output_kind: what step() returns for this request (ember_cupy/engine/outputs.py).
         prompt_index: the prompt's place among those of one client request (Sequence.prompt_index).
         PoolingParams make an embedding request (ember_cupy/engine/pooling.py): one output, at
@@ -145,7 +148,7 @@ class LLMEngine:
                 raise ValueError("prompt is empty: it must contain at least one token")
             prompt_text, prompt_ids = prompt, list(prompt_token_ids)
         else:
-            prompt_text, prompt_ids = self._prompt_ids(prompt)
+            prompt_text, prompt_ids = self._prompt_ids(prompt, add_special_tokens)
         if isinstance(params, PoolingParams):
             self._add_embedding_request(request_id, prompt_text, prompt_ids, params, priority, cache_salt,
                                         arrival_time, prompt_index)
@@ -178,9 +181,9 @@ class LLMEngine:
         self.requests[request_id] = EmbeddingRequest(request_id, prompt_text, prompt_ids, params, seq)
         self.scheduler.add(seq)
 
-    def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
+    def _prompt_ids(self, prompt, add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
+            ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
             text = prompt
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, (int, np.integer)) for t in prompt):
             ids, text = [int(t) for t in prompt], None
@@ -256,7 +259,7 @@ class LLMEngine:
             touched.append(request)
         sampling_seqs, logits = self._sampling_rows(batch, step_logits)
         streams = [Speculator.hold_stream(seq) if seq.draft_token_ids else None for seq, _ in batch.samples]
-        sampled = self.sampler(logits, sampling_seqs)
+        sampled = self.sampler(logits, sampling_seqs, grammar_bitmasks(sampling_seqs, logits.shape[-1]))
         emitted = self._emitted(batch, sampled, streams)
         if self.speculator is not None:
             self.speculator.costs.record(batch.num_tokens, time.perf_counter() - started)

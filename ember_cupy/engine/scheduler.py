@@ -315,9 +315,11 @@ class Scheduler:
         self.block_manager.trim(seq)
 
     def _append_token(self, seq: Sequence, token_id: int, now: float) -> None:
-        if seq.constraint is not None and seq.constraint.failed:   # a token its grammar refused
-            self.finish(seq, "error")
-            return
+        if seq.constraint is not None:
+            seq.constraint.accept(token_id)
+            if seq.constraint.failed:   # a token its grammar refused
+                self.finish(seq, "error")
+                return
         seq.token_ids.append(token_id)
         stats = seq.stats
         if stats.first_token_time is None:

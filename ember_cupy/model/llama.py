@@ -10,7 +10,7 @@ them to the residual (sandwich_norms), gates its MLP with GELU-tanh, and alterna
 layers (their own RoPE base) with global ones; Mistral's layers all slide.
 
 On NumPy with host kernels, every family's decoder layers run as one host call each (ops/layer.py,
-cpu/layer.c) when all layers' matrices are packed (quantized) weights; otherwise, or with
+cpu/layer.c) when all layers' matrices are packed (quantized or 16-bit) weights; otherwise, or with
 `fuse_layers = False`, they run op by op from Python: the fused path's twin.
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ from ember_cupy.model.weights import is_quantized, linear_weight, vocab_matrix
 from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops.layer import fused_layer_computes, layer_args, llama_layer, step_args
 from ember_cupy.ops.linear import embedding, linear, matmul_q
+from ember_cupy.half_weight import HalfWeight
 from ember_cupy.packed_weight import PackedWeight, StackedWeight
 from ember_cupy.quant import ActivationQuantization, DeviceQuantizedWeight
 
@@ -129,7 +130,7 @@ class LlamaModel:
         kernels or the device's GEMV, whose rows do not depend on each other (a float matrix goes
         through NumPy's or cuBLAS's GEMM)."""
         matrices = [self.lm_head] + [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        return all(isinstance(m, (PackedWeight, StackedWeight, DeviceQuantizedWeight)) for m in matrices)
+        return all(isinstance(m, (PackedWeight, StackedWeight, HalfWeight, DeviceQuantizedWeight)) for m in matrices)
 
     def weight_bytes(self) -> int:
         """Bytes of all weights as served (the tied LM head counted once)."""

@@ -1,5 +1,5 @@
 """A whole Llama-family decoder layer in one host-kernel call (cpu/layer.c), for steps whose weights
-are all packed and whose arrays suit the host kernels: Llama's layer and the other families'
+are all packed (quantized, or 16-bit floats) and whose arrays suit the host kernels: Llama's layer and the other families'
 features (qkv bias, qk_norm, sandwich norms, GELU-tanh MLP, per-layer sliding window and RoPE
 table, attention scale). Its twin is LlamaModel's op-by-op forward: the same kernels called one
 by one from Python (tests/test_fused_layer.py holds them equal)."""
@@ -9,6 +9,7 @@ import ctypes
 
 import numpy as np
 
+from ember_cupy.half_weight import HalfWeight
 from ember_cupy.ops import _host
 from ember_cupy.ops.attention import HOST_CACHE_DTYPES
 from ember_cupy.ops.linear import weight_parts
@@ -55,7 +56,7 @@ def layer_args(layer, k_cache: np.ndarray, v_cache: np.ndarray, window: int = 0,
     if family_norms is None:
         return None
     floats = [layer.attn_norm, layer.ffn_norm] + [a for a in (layer.qkv_bias, *family_norms) if a is not None]
-    if not all(isinstance(m, (PackedWeight, StackedWeight)) for m in matrices) or not _host.rows_f32(*floats):
+    if not all(isinstance(m, (PackedWeight, StackedWeight, HalfWeight)) for m in matrices) or not _host.rows_f32(*floats):
         return None
     if k_cache.dtype not in HOST_CACHE_DTYPES or not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
         return None

@@ -36,6 +36,18 @@ def fill_bitmasks(constraints: list, vocab_size: int) -> np.ndarray:
     return bitmask
 
 
+def grammar_bitmasks(seqs: list, vocab_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(bitmask, rows) of the sampling rows whose sequence is under a grammar, or None: what the
+    sampler masks. Each matcher is first synced with its sequence's output (a preempted or forked
+    sequence's matcher may lag it); the tokens sampled are accepted in Scheduler.update."""
+    rows = [i for i, seq in enumerate(seqs) if seq.constraint is not None]
+    if not rows:
+        return None
+    for i in rows:
+        seqs[i].constraint.sync(seqs[i].output_token_ids)
+    return fill_bitmasks([seqs[i].constraint for i in rows], vocab_size), np.asarray(rows, dtype=np.int32)
+
+
 def apply_token_bitmask(logits, bitmask: np.ndarray, rows: np.ndarray) -> None:
     """logits[rows[i], t] = -inf where bit t of bitmask[i] is clear, in place."""
     if _cuda.wants_kernel(logits):
