@@ -109,9 +109,11 @@ def test_draft_pages_follow_the_sequences_and_an_abort_frees_them(checkpoint, ti
     """Stepped by hand under a small target pool (preemption) and a small step (decodes left out),
     prompts caught up in chunks: the draft model caches only running sequences, at most their
     tokens; an abort and the end free every draft page."""
-    llm = _always_drafting(LLM(checkpoint, speculative_config=_draft_config(tiny_draft_path, 3),
-                               block_size=4, num_kv_blocks=20, max_num_seqs=4, max_num_batched_tokens=6))
+    llm = LLM(checkpoint, speculative_config=_draft_config(tiny_draft_path, 3),
+              block_size=4, num_kv_blocks=20, max_num_seqs=4, max_num_batched_tokens=6)
     engine, proposer = llm.engine, llm.engine.speculator.proposer
+    assert proposer.costs.measured and proposer.costs.seconds(1) > 0   # the draft's steps timed at start-up
+    _always_drafting(llm)
     execute = proposer.runner.execute
 
     def every_row_computes(batch):   # a shadow left fully computed (its decode was not scheduled) runs again
@@ -143,15 +145,15 @@ def test_draft_pages_follow_the_sequences_and_an_abort_frees_them(checkpoint, ti
     assert _draft_pages_all_free(llm)
 
 
-def test_the_gate_weighs_the_draft_models_measured_cost(checkpoint, tiny_draft_path):
-    llm = LLM(checkpoint, speculative_config=_draft_config(tiny_draft_path, 3))
-    draft_costs = llm.engine.speculator.proposer.costs
-    assert draft_costs.measured and draft_costs.seconds(1) > 0   # timed at start-up
-    llm.engine.speculator.costs = FreeVerification()
-    llm.engine.speculator.proposer.costs = CostlyDrafting()
-    llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=8))
-    assert llm.engine.spec_decode_stats.num_drafts == 0
-    assert not llm.engine.speculator.proposer._shadows   # never asked: nothing computed
+def test_the_gate_weighs_the_draft_models_measured_cost(tiny_drafting, monkeypatch):
+    proposer, calls = tiny_drafting.engine.speculator.proposer, []
+    propose_batch = proposer.propose_batch
+    monkeypatch.setattr(proposer, "propose_batch", lambda *args: calls.append(1) or propose_batch(*args))
+    monkeypatch.setattr(proposer, "costs", CostlyDrafting())
+    drafts = tiny_drafting.engine.spec_decode_stats.num_drafts
+    tiny_drafting.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=8))
+    assert tiny_drafting.engine.spec_decode_stats.num_drafts == drafts
+    assert not calls   # no draft could pay: the draft model never ran
 
 
 def test_a_draft_of_another_vocabulary_is_refused(checkpoint, tmp_path):
