@@ -28,10 +28,10 @@ class NgramProposer:
         return [self.propose(seq.token_ids, limit) for seq, limit in zip(seqs, max_tokens)]
 
     def keep(self, seq, num_drafts: int) -> None:
-        """Nothing is kept per sequence (nor below)."""
+        """Nothing is kept per sequence: nothing to forget."""
 
     def release(self, seq) -> None:
-        pass
+        """Nothing is kept per sequence: nothing to free."""
 
     def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
         """At most max_tokens drafted tokens to follow token_ids."""
