@@ -113,8 +113,7 @@ class LLM:
             return list(prompts)
         raise ValueError("prompts must be a string, a list of token ids, or a non-empty list of them")
 
-    @staticmethod
-    def _as_params_list(params, count: int) -> list[SamplingParams]:
+    def _as_params_list(self, params, count: int) -> list[SamplingParams]:
         if params is None:
             return [SamplingParams(**self.engine.sampling_defaults)] * count
         if isinstance(params, SamplingParams):
