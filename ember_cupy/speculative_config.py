@@ -2,7 +2,8 @@
 
 `{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}`
 drafts by prompt lookup (ember_cupy/engine/ngram_proposer.py); `{"model": PATH,
-"num_speculative_tokens": k}` by a smaller model of the same vocabulary (method "draft_model").
+"num_speculative_tokens": k}` by a smaller model of the same vocabulary, decoding greedily (method
+"draft_model", ember_cupy/engine/draft_proposer.py).
 As in vLLM, prompt_lookup_min and _max default to each other, and both to 5 when neither is given.
 disable_by_batch_size (vLLM's): no drafts while at least that many sequences run; without it the
 engine decides from measured step costs (ember_cupy/engine/speculation_gate.py).

@@ -102,6 +102,10 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self._hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def vocabulary(self) -> dict[str, int]:
+        """Every token's text -> its id, added tokens included."""
+        return self._hf.get_vocab(with_added_tokens=True)
+
     def id_to_token(self, token_id: int) -> str | None:
         return self._hf.id_to_token(int(token_id))
 

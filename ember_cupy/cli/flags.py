@@ -56,8 +56,9 @@ def engine_flags(parser: argparse.ArgumentParser) -> None:
                   "quantized matmul through the GEMV); the CPU kernels are deterministic without it")
     add_flag(g, "--speculative-config", default=None,
              help='speculative decoding, as vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4, '
-                  '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' (prompt lookup); drafts only where the '
-                  'measured step costs say they pay; the output is the same as without')
+                  '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' (prompt lookup) or \'{"model": PATH, '
+                  '"num_speculative_tokens": 4}\' (a smaller draft model of the same vocabulary, greedy); drafts '
+                  'only where the measured step costs say they pay; the output is the same as without')
     add_flag(g, "--no-progress", action="store_true", default=False, help="no progress bar while loading")
 
 

@@ -12,6 +12,7 @@ from ember_cupy.backend import get_xp, keep_freed_memory_mapped, to_numpy
 from ember_cupy.chat_template import read_chat_template
 from ember_cupy.config import CPU_MAX_NUM_PREFILL_TOKENS, EngineConfig
 from ember_cupy.engine.block_manager import BlockManager
+from ember_cupy.engine.draft_proposer import DraftModelProposer
 from ember_cupy.engine.model_runner import ModelRunner
 from ember_cupy.engine.outputs import OutputKind, RequestOutput
 from ember_cupy.engine.pooling import PREFILL_ONLY, EmbeddingRequest, PoolingParams
@@ -73,7 +74,7 @@ class LLMEngine:
                                           self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager, self.model_config.eos_token_ids)
         self.sampler = Sampler(self.model_config.eos_token_ids)
-        self.speculator = self._speculator(self.config.speculative_config)
+        self.speculator = self._speculator(self.config.speculative_config, progress)
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
         limits = [self.model_config.max_position_embeddings, self.runner.num_blocks * self.config.block_size]
         if self.config.max_model_len:
@@ -87,16 +88,19 @@ class LLMEngine:
         from ember_cupy.info import describe
         logger.info("%s", describe(self))
 
-    def _speculator(self, config: SpeculativeConfig | None) -> Speculator | None:
+    def _speculator(self, config: SpeculativeConfig | None, progress) -> Speculator | None:
         if config is None:
             return None
-        if config.method != "ngram":
-            raise ValueError(f"speculative_config.method {config.method!r} is not supported yet")
+        proposer = None
+        if config.method == "draft_model":
+            proposer = DraftModelProposer.load(config.model, self.checkpoint, self.config, self.runner.num_blocks,
+                                               self.runner.xp, progress)
+            self.scheduler.on_free = proposer.release
         costs = StepCosts()
         k = config.num_speculative_tokens
         costs.calibrate(self.runner.time_forward,
                         min(self.config.max_num_batched_tokens, self.config.max_num_seqs * (1 + k)))
-        return Speculator(config, costs)
+        return Speculator(config, costs, proposer)
 
     @property
     def spec_decode_stats(self) -> SpecDecodeStats | None:
@@ -237,6 +241,8 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running, self._likely_prompt_tokens())
         batch = self.scheduler.schedule()
+        if self.speculator is not None:
+            self.speculator.scheduled()
         self.last_step_num_tokens = batch.num_tokens
         if self.on_scheduled is not None:
             self.on_scheduled()
