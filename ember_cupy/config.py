@@ -35,7 +35,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     add_bos_token: bool = False
     name: str = "model"
-    # Family features beyond Llama's (ember_cupy/model/llama.py; all off for Llama/Qwen2/Mistral):
+    # Family features beyond Llama's (ember_cupy/model/decoder.py; all off for Llama/Qwen2/Mistral):
     qk_norm: bool = False                  # RMSNorm over each q/k head before RoPE (Qwen3, Gemma 3)
     sandwich_norms: bool = False           # norms after attention and MLP too (Gemma 3)
     hidden_act: str = "silu"               # MLP gate activation: silu | gelu_tanh (Gemma)

@@ -13,7 +13,7 @@ import pytest
 from ember_cupy import LLM, SamplingParams
 from ember_cupy.model.loader import load_checkpoint
 from ember_cupy.ops import _host
-from ember_cupy.ops.layer import LayerWeightsArgs, StepArgs, llama_layer
+from ember_cupy.ops.layer import LayerWeightsArgs, StepArgs, decoder_layer
 from gemma3_model import gemma3_gguf_path
 from tiny_gguf import write_tiny_gguf
 from tiny_model import GEMMA3, assert_greedy_matches_reference, write_tiny_checkpoint
@@ -153,7 +153,7 @@ def test_bad_layer_arguments_return_a_status():
              (LayerWeightsArgs(), step(), None, 33)]
     for weights, step_arguments, residual, status in cases:
         with pytest.raises(RuntimeError, match=f"status {status}$"):
-            llama_layer(library, weights, step_arguments, floats, residual, True)
+            decoder_layer(library, weights, step_arguments, floats, residual, True)
     slots[0] = 1
     with pytest.raises(RuntimeError, match="status 30$"):
-        llama_layer(library, LayerWeightsArgs(), step(), floats, floats, True)
+        decoder_layer(library, LayerWeightsArgs(), step(), floats, floats, True)

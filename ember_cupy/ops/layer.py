@@ -1,7 +1,7 @@
 """A whole Llama-family decoder layer in one host-kernel call (cpu/layer.c), for steps whose weights
 are all packed (quantized, or 16-bit floats) and whose arrays suit the host kernels: Llama's layer and the other families'
 features (qkv bias, qk_norm, sandwich norms, GELU-tanh MLP, per-layer sliding window and RoPE
-table, attention scale). Its twin is LlamaModel's op-by-op forward: the same kernels called one
+table, attention scale). Its twin is DecoderModel's op-by-op forward: the same kernels called one
 by one from Python (tests/test_fused_layer.py holds them equal)."""
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def step_args(config, batch, num_tokens: int, k_cache: np.ndarray, cos_sin: np.n
             (batch.positions, batch.slot_mapping, batch.block_tables, batch.context_lens, batch.query_start_loc)]
     positions, slots, tables, lens, starts = keep
     if len(positions) and (positions.min() < 0 or positions.max() >= min(len(cos_sin), len(local_cos_sin))):
-        raise ValueError("llama_layer: a position outside the cos/sin cache")
+        raise ValueError("decoder_layer: a position outside the cos/sin cache")
     args = StepArgs(
         num_tokens, config.hidden_size, config.intermediate_size, config.num_heads, config.num_kv_heads,
         config.head_dim, activations.passes, 1, HOST_CACHE_DTYPES[k_cache.dtype], k_cache.shape[1], len(lens),
@@ -103,7 +103,7 @@ def step_args(config, batch, num_tokens: int, k_cache: np.ndarray, cos_sin: np.n
     return args, keep
 
 
-def llama_layer(library, weights: LayerWeightsArgs, step: StepArgs, hidden: np.ndarray,
+def decoder_layer(library, weights: LayerWeightsArgs, step: StepArgs, hidden: np.ndarray,
                 residual: np.ndarray | None, first: bool) -> None:
     """In place: hidden <- the layer's output, residual <- the residual stream after it; with
     sandwich norms hidden is the residual stream itself and residual is None."""
