@@ -713,35 +713,53 @@ static void matmul_part(const EmberWeightPart *part, const struct quantized_x *x
     ember_parallel_for((groups + GROUPS_PER_TASK - 1) / GROUPS_PER_TASK, matmul_tasks, &job);
 }
 
-/* y[:, offsets of the parts] = x @ [W_0; W_1; ...]^T: x quantized once for every part (each packed
- * as above in its own format). passes: 1 (int8 x) or 2 (x and its residual, in the blocks that
- * second_pass_threshold selects: 0 selects all). Returns 0, -1 for a bad argument, -2 out of memory. */
+/* y[:, offsets of the parts] = x @ [W_0; W_1; ...]^T: x quantized once for every quantized part
+ * (each packed as above in its own format; a 16-bit part multiplies x as it is: cpu/matmul_16bit.c).
+ * passes: 1 (int8 x) or 2 (x and its residual, in the blocks that second_pass_threshold selects:
+ * 0 selects all). Returns 0, -1 for a bad argument, -2 out of memory. */
 EMBER_EXPORT int ember_matmul_parts(const float *x, int64_t M, int64_t K, int64_t ldx, const EmberWeightPart *parts,
                                     int32_t count, float *y, int64_t ldy, int32_t passes, float second_pass_threshold) {
-    if (K <= 0 || K % QK != 0 || M < 0 || count < 0 || (count > 0 && !parts)) return -1;
+    if (K <= 0 || M < 0 || count < 0 || (count > 0 && !parts)) return -1;
     if ((passes != 1 && passes != 2) || !(second_pass_threshold >= 0.0f)) return -1;
-    for (int32_t p = 0; p < count; p++)
-        if (!valid_part(&parts[p], K)) return -1;
+    int32_t quantized_parts = 0;
+    for (int32_t p = 0; p < count; p++) {
+        if (ember_is_16bit(parts[p].wtype)) {
+            if (parts[p].rows < 0 || (parts[p].rows > 0 && !parts[p].w)) return -1;
+            continue;
+        }
+        if (K % QK != 0 || !valid_part(&parts[p], K)) return -1;
+        quantized_parts++;
+    }
     if (M == 0 || count == 0) return 0;
     const int64_t nb = K / QK, rows = M * passes;
-    const int64_t padded_rows = (rows + 15) / 16 * 16;      /* AMX reads x 16 rows at a time */
-    int8_t *xq = (int8_t *)malloc((size_t)(padded_rows * K + 64));
-    float *xd = (float *)malloc(sizeof(float) * (size_t)(rows * nb) * 4);
-    if (!xq || !xd) { free(xq); free(xd); return -2; }
-    memset(xq + rows * K, 0, (size_t)((padded_rows - rows) * K));
-    float *xs = xd + rows * nb;
-    int32_t *xsum = (int32_t *)(xs + rows * nb), *xsum_lo = xsum + rows * nb;
-    if (passes == 2) quantize_two_pass(x, M, K, ldx, second_pass_threshold, xq, xd, xs, xsum, xsum_lo);
-    else quantize_one_pass(x, M, K, ldx, xq, xd, xs, xsum, xsum_lo);
-    const struct quantized_x quantized = {xq, xd, xs, xsum, xsum_lo, K, nb};
+    int8_t *xq = NULL;
+    float *xd = NULL;
+    struct quantized_x quantized = {0};
+    if (quantized_parts) {
+        const int64_t padded_rows = (rows + 15) / 16 * 16;      /* AMX reads x 16 rows at a time */
+        xq = (int8_t *)malloc((size_t)(padded_rows * K + 64));
+        xd = (float *)malloc(sizeof(float) * (size_t)(rows * nb) * 4);
+        if (!xq || !xd) { free(xq); free(xd); return -2; }
+        memset(xq + rows * K, 0, (size_t)((padded_rows - rows) * K));
+        float *xs = xd + rows * nb;
+        int32_t *xsum = (int32_t *)(xs + rows * nb), *xsum_lo = xsum + rows * nb;
+        if (passes == 2) quantize_two_pass(x, M, K, ldx, second_pass_threshold, xq, xd, xs, xsum, xsum_lo);
+        else quantize_one_pass(x, M, K, ldx, xq, xd, xs, xsum, xsum_lo);
+        quantized = (struct quantized_x){xq, xd, xs, xsum, xsum_lo, K, nb};
+    }
+    int status = 0;
     int64_t column = 0;
-    for (int32_t p = 0; p < count; p++) {
-        matmul_part(&parts[p], &quantized, rows, passes, y + column, ldy);
+    for (int32_t p = 0; p < count && !status; p++) {
+        if (ember_is_16bit(parts[p].wtype))     /* x as it is */
+            status = ember_matmul_16bit(x, M, K, ldx, (const uint16_t *)parts[p].w, parts[p].rows, parts[p].wtype,
+                                        y + column, ldy);
+        else
+            matmul_part(&parts[p], &quantized, rows, passes, y + column, ldy);
         column += parts[p].rows;
     }
     free(xq);
     free(xd);
-    return 0;
+    return status;
 }
 
 /* One matrix of one format: w packed as above, ceil(N / 8) groups. */

@@ -126,12 +126,16 @@ def keep_freed_memory_mapped() -> bool:
     A forward pass allocates the same MB-sized temporaries every step; by default each one is
     a fresh mmap that page-faults on first touch, which made CPU attention ~4x slower. Returns
     whether the allocator accepted the settings.
+
+    This is the process's policy, not the engine's: mallopt applies to every allocation of the
+    process (an application that embeds the engine keeps its freed memory mapped too). The first
+    host-side LLMEngine sets it; EMBER_KEEP_FREED_MEMORY=0 leaves glibc's defaults.
     """
     import ctypes
     import ctypes.util
     import sys
 
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or os.environ.get("EMBER_KEEP_FREED_MEMORY") == "0":
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

@@ -3,17 +3,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ember_cupy.checks import require
 from ember_cupy.speculative_config import SpeculativeConfig
+
 
 POLICIES = ("fcfs", "sjf", "priority")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_CACHE_DTYPES = ("auto", "float32", "float16")
 QUANTIZATIONS = ("auto", "none", "q8_0")
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
 
 
 @dataclass(frozen=True)
@@ -38,7 +35,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     add_bos_token: bool = False
     name: str = "model"
-    # Family features beyond Llama's (ember_cupy/model/llama.py; all off for Llama/Qwen2/Mistral):
+    # Family features beyond Llama's (ember_cupy/model/decoder.py; all off for Llama/Qwen2/Mistral):
     qk_norm: bool = False                  # RMSNorm over each q/k head before RoPE (Qwen3, Gemma 3)
     sandwich_norms: bool = False           # norms after attention and MLP too (Gemma 3)
     hidden_act: str = "silu"               # MLP gate activation: silu | gelu_tanh (Gemma)
@@ -51,17 +48,17 @@ class ModelConfig:
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                      "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings"):
-            _require(getattr(self, name) > 0, f"ModelConfig.{name} must be > 0")
-        _require(self.num_heads % self.num_kv_heads == 0,
-                 f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
-                 f"num_kv_heads ({self.num_kv_heads})")
-        _require(self.head_dim % 2 == 0, "ModelConfig.head_dim must be even for RoPE")
-        _require(self.hidden_act in ("silu", "gelu_tanh"),
-                 f"ModelConfig.hidden_act must be silu or gelu_tanh, got {self.hidden_act!r}")
-        _require(self.sliding_window is None or self.sliding_window >= 1,
-                 "ModelConfig.sliding_window must be >= 1 or None")
-        _require(self.sliding_layers is None or len(self.sliding_layers) == self.num_layers,
-                 "ModelConfig.sliding_layers must have one entry per layer")
+            require(getattr(self, name) > 0, f"ModelConfig.{name} must be > 0")
+        require(self.num_heads % self.num_kv_heads == 0,
+                f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})")
+        require(self.head_dim % 2 == 0, "ModelConfig.head_dim must be even for RoPE")
+        require(self.hidden_act in ("silu", "gelu_tanh"),
+                f"ModelConfig.hidden_act must be silu or gelu_tanh, got {self.hidden_act!r}")
+        require(self.sliding_window is None or self.sliding_window >= 1,
+                "ModelConfig.sliding_window must be >= 1 or None")
+        require(self.sliding_layers is None or len(self.sliding_layers) == self.num_layers,
+                "ModelConfig.sliding_layers must have one entry per layer")
 
     def layer_window(self, index: int) -> int:
         """Attention window of layer `index` (0 = full causal attention)."""
@@ -107,7 +104,8 @@ class EngineConfig:
     dtype: str = "auto"                   # weights/KV dtype; auto: float32 on NumPy, see resolve_dtype
     gpu_memory_utilization: float = 0.9   # CuPy: fraction of free device memory for weights + KV
     # Serving format of the weight matrices (ember_cupy/model/weights.py): auto = as stored
-    # (GGUF blocks stay quantized), none = dequantized to float (the exact reference), q8_0.
+    # (GGUF blocks stay quantized, 16-bit floats 16-bit), none = dequantized to float (the exact
+    # reference; on the host 16-bit floats stay 16-bit: exact already), q8_0.
     quantization: str = "auto"
     # Quantized matmuls quantize their input to int8 blocks: 2 passes (the values, then their
     # residual: ~14 bits) or 1 (llama.cpp's scheme: up to 2x faster prefill and batched decode,
@@ -143,33 +141,33 @@ class EngineConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "speculative_config", SpeculativeConfig.from_value(self.speculative_config))
-        _require(self.max_num_seqs >= 1, "EngineConfig.max_num_seqs must be >= 1")
-        _require(self.max_num_batched_tokens >= 1,
-                 "EngineConfig.max_num_batched_tokens must be >= 1")
-        _require(self.max_num_prefill_tokens is None or self.max_num_prefill_tokens >= 1,
-                 "EngineConfig.max_num_prefill_tokens must be >= 1")
-        _require(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)),
-                 f"EngineConfig.seed must be an integer or None, got {self.seed!r}")
-        _require(self.block_size >= 1 and self.block_size <= 1024,
-                 "EngineConfig.block_size must be in [1, 1024]")
-        _require(self.kv_cache_memory > 0, "EngineConfig.kv_cache_memory must be > 0 bytes")
-        _require(self.num_kv_blocks is None or self.num_kv_blocks >= 1,
-                 "EngineConfig.num_kv_blocks must be >= 1")
-        _require(self.max_model_len is None or self.max_model_len >= 1,
-                 "EngineConfig.max_model_len must be >= 1")
-        _require(self.policy in POLICIES,
-                 f"EngineConfig.policy must be one of {POLICIES}, got {self.policy!r}")
-        _require(self.sjf_aging_steps >= 1, "EngineConfig.sjf_aging_steps must be >= 1")
-        _require(self.dtype in DTYPES, f"EngineConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
-        _require(self.activation_passes in (1, 2), "EngineConfig.activation_passes must be 1 or 2")
-        _require(self.second_pass_threshold >= 0, "EngineConfig.second_pass_threshold must be >= 0")
-        _require(self.quantization in QUANTIZATIONS,
-                 f"EngineConfig.quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
-        _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
-                 f"EngineConfig.kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
-        _require(0.0 < self.gpu_memory_utilization <= 1.0,
-                 "EngineConfig.gpu_memory_utilization must be in (0, 1]")
-        _require(self.max_waiting is None or self.max_waiting >= 1,
-                 "EngineConfig.max_waiting must be >= 1")
-        _require(isinstance(self.deterministic, bool),
-                 f"EngineConfig.deterministic must be True or False, got {self.deterministic!r}")
+        require(self.max_num_seqs >= 1, "EngineConfig.max_num_seqs must be >= 1")
+        require(self.max_num_batched_tokens >= 1,
+                "EngineConfig.max_num_batched_tokens must be >= 1")
+        require(self.max_num_prefill_tokens is None or self.max_num_prefill_tokens >= 1,
+                "EngineConfig.max_num_prefill_tokens must be >= 1")
+        require(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)),
+                f"EngineConfig.seed must be an integer or None, got {self.seed!r}")
+        require(self.block_size >= 1 and self.block_size <= 1024,
+                "EngineConfig.block_size must be in [1, 1024]")
+        require(self.kv_cache_memory > 0, "EngineConfig.kv_cache_memory must be > 0 bytes")
+        require(self.num_kv_blocks is None or self.num_kv_blocks >= 1,
+                "EngineConfig.num_kv_blocks must be >= 1")
+        require(self.max_model_len is None or self.max_model_len >= 1,
+                "EngineConfig.max_model_len must be >= 1")
+        require(self.policy in POLICIES,
+                f"EngineConfig.policy must be one of {POLICIES}, got {self.policy!r}")
+        require(self.sjf_aging_steps >= 1, "EngineConfig.sjf_aging_steps must be >= 1")
+        require(self.dtype in DTYPES, f"EngineConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        require(self.activation_passes in (1, 2), "EngineConfig.activation_passes must be 1 or 2")
+        require(self.second_pass_threshold >= 0, "EngineConfig.second_pass_threshold must be >= 0")
+        require(self.quantization in QUANTIZATIONS,
+                f"EngineConfig.quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        require(self.kv_cache_dtype in KV_CACHE_DTYPES,
+                f"EngineConfig.kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        require(0.0 < self.gpu_memory_utilization <= 1.0,
+                "EngineConfig.gpu_memory_utilization must be in (0, 1]")
+        require(self.max_waiting is None or self.max_waiting >= 1,
+                "EngineConfig.max_waiting must be >= 1")
+        require(isinstance(self.deterministic, bool),
+                f"EngineConfig.deterministic must be True or False, got {self.deterministic!r}")

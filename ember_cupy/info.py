@@ -30,7 +30,7 @@ _FLOAT_GEMMS = "float matrices: cuBLAS's GEMMs round by batch shape"
 
 
 def determinism_info(engine=None) -> dict:
-    """What a request's bits do not depend on here (README, Determinism): on the host kernels and
+    """What a request's bits do not depend on here (docs/determinism.md): on the host kernels and
     on the NumPy twins each reduction runs in an order fixed per token (float matrices too:
     ops/linear.py float_matmul); on CUDA the same with --deterministic and quantized matrices
     (cuBLAS rounds by shape)."""

@@ -32,10 +32,12 @@ class LLM:
         self._ids = itertools.count()
 
     def generate(self, prompts, params: SamplingParams | Seq[SamplingParams] | None = None,
-                 *, priorities: Seq[int] | None = None) -> list[RequestOutput]:
+                 *, priorities: Seq[int] | None = None, add_special_tokens: bool = True) -> list[RequestOutput]:
         """Run all prompts to completion, batched continuously; outputs in prompt order.
 
         prompts: a string, a list of token ids, or a list of either.
+        add_special_tokens: whether string prompts get the model's BOS; False for prompts already
+        rendered by a chat template (chat() passes it).
         """
         prompts = self._as_prompt_list(prompts)
         params_list = self._as_params_list(params, len(prompts))
@@ -45,7 +47,7 @@ class LLM:
                 request_id = f"offline-{next(self._ids)}"
                 priority = priorities[index] if priorities else 0
                 self.engine.add_request(request_id, prompt, sampling, priority=priority,
-                                        output_kind=OutputKind.FINAL_ONLY)
+                                        output_kind=OutputKind.FINAL_ONLY, add_special_tokens=add_special_tokens)
                 request_ids.append(request_id)
             return self._run(request_ids)
         except BaseException:
@@ -67,7 +69,7 @@ class LLM:
                                       tool_calls.template_supports_tools(self.tokenizer))
         prompts = [tool_calls.render_chat(self.tokenizer, c, spec, add_generation_prompt,
                                           **(chat_template_kwargs or {})) for c in conversations]
-        outputs = self.generate(prompts, params)
+        outputs = self.generate(prompts, params, add_special_tokens=False)
         if spec.active:
             supports = tool_calls.template_supports_tools(self.tokenizer)
             for output in outputs:
@@ -111,8 +113,7 @@ class LLM:
             return list(prompts)
         raise ValueError("prompts must be a string, a list of token ids, or a non-empty list of them")
 
-    @staticmethod
-    def _as_params_list(params, count: int) -> list[SamplingParams]:
+    def _as_params_list(self, params, count: int) -> list[SamplingParams]:
         if params is None:
             return [SamplingParams(**self.engine.sampling_defaults)] * count
         if isinstance(params, SamplingParams):

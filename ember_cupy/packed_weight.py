@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ember_cupy.quant import BLOCK, QuantizedTensor
+from ember_cupy.half_weight import pack_16bit
+from ember_cupy.quant import BLOCK, HALF_TYPES, QuantizedTensor
 
 ROWS_PER_GROUP = 8
 
@@ -247,7 +248,7 @@ class StackedWeight:
     """A matrix whose consecutive row ranges are PackedWeights of different formats."""
     parts: tuple[PackedWeight, ...]
 
-    def __post_init__(self):
+    def __post_init__(self):   # parts: PackedWeights, or HalfWeights (ember_cupy/half_weight.py)
         if len({p.shape[1] for p in self.parts}) != 1:
             raise ValueError("StackedWeight needs parts of one width")
 
@@ -326,9 +327,12 @@ def pack(tensor: QuantizedTensor) -> PackedWeight:
     return _pack_values(tensor.qtype, u, fields, tensor.shape)
 
 
-def to_kernel_format(tensor: QuantizedTensor) -> PackedWeight:
-    """The tensor as the kernels read it: packed as stored, or (a type without a kernel)
-    requantized to Q8_0 from its dequantized values. In NumPy; ops/pack.py packs with the host kernel."""
+def to_kernel_format(tensor: QuantizedTensor):
+    """The tensor as the kernels read it: packed as stored (16-bit floats: a HalfWeight), or (a
+    type without a kernel) requantized to Q8_0 from its dequantized values. In NumPy; ops/pack.py
+    packs with the host kernel."""
+    if tensor.qtype in HALF_TYPES:
+        return pack_16bit(tensor)
     return pack(kernel_type(tensor))
 
 

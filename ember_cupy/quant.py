@@ -1,7 +1,9 @@
 """Quantized weight tensors in GGUF block formats, and the conversions between them.
 
 A `QuantizedTensor` is a matrix [rows, cols] stored row by row as GGUF blocks of 32 columns
-(`data`: uint8 [rows, row_bytes]), exactly as a GGUF file holds it. The host kernels read a
+(`data`: uint8 [rows, row_bytes]), exactly as a GGUF file holds it; or as 16-bit floats (qtype
+F16 or BF16: 2 bytes a value, from a GGUF file or a safetensors checkpoint), which the host
+serves as stored (ember_cupy/half_weight.py). The host kernels read a
 `PackedWeight` (ember_cupy/packed_weight.py): the same blocks with 8 rows interleaved.
 The CUDA kernels read a `DeviceQuantizedWeight`: Q8_0, Q4_0 or Q4_1 blocks split into quants and
 f16 scales (layout in cuda/matmul_q.cu), on the device, the same bytes per weight.
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 BLOCK = 32
+HALF_TYPES = ("F16", "BF16")     # 16-bit float matrices: widened in registers, never quantized
 # formats cuda/matmul_q.cu computes on, and the bytes of a GGUF block (scales first, then quants)
 DEVICE_FORMATS = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
 
@@ -34,15 +37,30 @@ class QuantizedTensor:
 
     def dequantize(self, rows=None) -> np.ndarray:
         """float32 [rows, cols] (all rows, or the ones indexed by `rows`)."""
+        data = self.data if rows is None else self.data[rows]
+        if self.qtype in HALF_TYPES:
+            return widen(np.ascontiguousarray(data).view(np.uint16), self.qtype).reshape(data.shape[0], self.shape[1])
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
-        data = self.data if rows is None else self.data[rows]
         values = dequantize(data, GGMLQuantizationType[self.qtype])
         return values.astype(np.float32, copy=False).reshape(data.shape[0], self.shape[1])
 
     def take_rows(self, index) -> QuantizedTensor:
         data = np.ascontiguousarray(self.data[index])
         return QuantizedTensor(self.qtype, data, (data.shape[0], self.shape[1]))
+
+
+def widen(bits: np.ndarray, qtype: str) -> np.ndarray:
+    """16-bit float bits (uint16) of `qtype` (F16 or BF16) -> their float32 values (exact)."""
+    if qtype == "F16":
+        return bits.view(np.float16).astype(np.float32)
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def half_tensor(bits: np.ndarray, qtype: str) -> QuantizedTensor:
+    """A 2-D array of 16-bit floats (uint16 bits, float16 or bfloat16) as a QuantizedTensor."""
+    bits = np.ascontiguousarray(bits)
+    return QuantizedTensor(qtype, bits.view(np.uint8).reshape(bits.shape[0], -1), tuple(bits.shape))
 
 
 def quantize_q8_0(weight: np.ndarray) -> QuantizedTensor:

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ember_cupy.checks import require
 from ember_cupy.structured.params import StructuredOutputsParams
+
 
 MAX_LOGPROBS = 20
 MAX_N = 128
@@ -16,18 +18,13 @@ MIN_REPETITION_PENALTY = 0.01
 MAX_REPETITION_PENALTY = 10.0
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
 def _as_tuple(value, name: str, item_type) -> tuple:
     if value is None:
         return ()
     if isinstance(value, item_type):
         value = [value]
-    _require(isinstance(value, (list, tuple)) and all(isinstance(v, item_type) for v in value),
-             f"SamplingParams.{name} must be a {item_type.__name__} or a list of them")
+    require(isinstance(value, (list, tuple)) and all(isinstance(v, item_type) for v in value),
+            f"SamplingParams.{name} must be a {item_type.__name__} or a list of them")
     return tuple(value)
 
 
@@ -63,40 +60,40 @@ class SamplingParams:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
         set_("stop", _as_tuple(self.stop, "stop", str))
         set_("stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids", int))
-        _require(all(s for s in self.stop), "SamplingParams.stop must not contain empty strings")
-        _require(len(self.stop) <= MAX_STOP_STRINGS,
-                 f"SamplingParams.stop may hold at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
+        require(all(s for s in self.stop), "SamplingParams.stop must not contain empty strings")
+        require(len(self.stop) <= MAX_STOP_STRINGS,
+                f"SamplingParams.stop may hold at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
         longest = max(map(len, self.stop), default=0)
-        _require(longest <= MAX_STOP_LENGTH,
-                 f"SamplingParams.stop strings may be at most {MAX_STOP_LENGTH} characters long, got {longest}")
-        _require(isinstance(self.n, int) and 1 <= self.n <= MAX_N,
-                 f"SamplingParams.n must be an integer in [1, {MAX_N}], got {self.n!r}")
-        _require(0.0 <= self.temperature <= 100.0,
-                 f"SamplingParams.temperature must be in [0, 100], got {self.temperature}")
-        _require(0.0 < self.top_p <= 1.0, f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
-        _require(isinstance(self.top_k, int) and (self.top_k >= 0 or self.top_k == -1),
-                 f"SamplingParams.top_k must be -1, 0 (disabled) or >= 1, got {self.top_k}")
-        _require(0.0 <= self.min_p <= 1.0, f"SamplingParams.min_p must be in [0, 1], got {self.min_p}")
+        require(longest <= MAX_STOP_LENGTH,
+                f"SamplingParams.stop strings may be at most {MAX_STOP_LENGTH} characters long, got {longest}")
+        require(isinstance(self.n, int) and 1 <= self.n <= MAX_N,
+                f"SamplingParams.n must be an integer in [1, {MAX_N}], got {self.n!r}")
+        require(0.0 <= self.temperature <= 100.0,
+                f"SamplingParams.temperature must be in [0, 100], got {self.temperature}")
+        require(0.0 < self.top_p <= 1.0, f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        require(isinstance(self.top_k, int) and (self.top_k >= 0 or self.top_k == -1),
+                f"SamplingParams.top_k must be -1, 0 (disabled) or >= 1, got {self.top_k}")
+        require(0.0 <= self.min_p <= 1.0, f"SamplingParams.min_p must be in [0, 1], got {self.min_p}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            _require(-2.0 <= value <= 2.0, f"SamplingParams.{name} must be in [-2, 2], got {value}")
-        _require(MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
-                 f"SamplingParams.repetition_penalty must be in [{MIN_REPETITION_PENALTY}, "
-                 f"{MAX_REPETITION_PENALTY:g}], got {self.repetition_penalty}")
-        _require(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
-                 f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        _require(isinstance(self.min_tokens, int) and self.min_tokens >= 0,
-                 f"SamplingParams.min_tokens must be an integer >= 0, got {self.min_tokens!r}")
-        _require(self.max_tokens is None or self.min_tokens <= self.max_tokens,
-                 "SamplingParams.min_tokens must be <= max_tokens")
-        _require(self.seed is None or isinstance(self.seed, int),
-                 f"SamplingParams.seed must be an integer, got {self.seed!r}")
+            require(-2.0 <= value <= 2.0, f"SamplingParams.{name} must be in [-2, 2], got {value}")
+        require(MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
+                f"SamplingParams.repetition_penalty must be in [{MIN_REPETITION_PENALTY}, "
+                f"{MAX_REPETITION_PENALTY:g}], got {self.repetition_penalty}")
+        require(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+                f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        require(isinstance(self.min_tokens, int) and self.min_tokens >= 0,
+                f"SamplingParams.min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        require(self.max_tokens is None or self.min_tokens <= self.max_tokens,
+                "SamplingParams.min_tokens must be <= max_tokens")
+        require(self.seed is None or isinstance(self.seed, int),
+                f"SamplingParams.seed must be an integer, got {self.seed!r}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            _require(value is None or (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS),
-                     f"SamplingParams.{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
-        _require(isinstance(self.speculative, bool),
-                 f"SamplingParams.speculative must be True or False, got {self.speculative!r}")
+            require(value is None or (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS),
+                    f"SamplingParams.{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
+        require(isinstance(self.speculative, bool),
+                f"SamplingParams.speculative must be True or False, got {self.speculative!r}")
         self._validate_logit_bias()
         set_("structured_outputs", StructuredOutputsParams.from_value(self.structured_outputs))
 
@@ -110,8 +107,8 @@ class SamplingParams:
                 value = float(value)
             except (TypeError, ValueError):
                 raise ValueError("SamplingParams.logit_bias must map token ids to numbers") from None
-            _require(-100.0 <= value <= 100.0,
-                     f"SamplingParams.logit_bias values must be in [-100, 100], got {value}")
+            require(-100.0 <= value <= 100.0,
+                    f"SamplingParams.logit_bias values must be in [-100, 100], got {value}")
             bias[token_id] = value
         object.__setattr__(self, "logit_bias", bias)
 
@@ -123,4 +120,4 @@ class SamplingParams:
         """Token ids named by the request must exist in the model's vocabulary."""
         ids = list(self.stop_token_ids) + list((self.logit_bias or {}).keys())
         bad = [i for i in ids if not 0 <= i < vocab_size]
-        _require(not bad, f"token id(s) {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+        require(not bad, f"token id(s) {bad[:5]} are outside the vocabulary [0, {vocab_size})")

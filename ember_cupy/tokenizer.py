@@ -17,12 +17,6 @@ EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|
              "</s>", "<end_of_turn>", "<|end|>")
 
 
-class ChatPrompt(str):
-    """A prompt rendered by the chat template. The template writes the model's special tokens
-    (BOS included) into the text, so it is encoded without adding them again, as vLLM encodes
-    chat prompts (add_special_tokens=False)."""
-
-
 class Tokenizer:
     """Text <-> token ids, special tokens, EOS set and chat template of one model."""
 
@@ -88,13 +82,11 @@ class Tokenizer:
                    chat_template=template, post_processor_adds=bool(specials))
 
     # --- use ----------------------------------------------------------------------------
-    def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
-        """add_special_tokens: None = yes for plain text, no for a ChatPrompt (its template has
-        written them already)."""
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """add_special_tokens: the model's BOS (as its tokenizer config says); False for a prompt
+        apply_chat_template rendered, whose template wrote them already (as vLLM encodes chat)."""
         if not isinstance(text, str):
             raise ValueError(f"text to tokenize must be a string, got {type(text).__name__}")
-        if add_special_tokens is None:
-            add_special_tokens = not isinstance(text, ChatPrompt)
         by_post_processor = add_special_tokens and self._post_processor_adds
         try:   # encode_batch releases the GIL while it works (encode does not): a 4 MB prompt
             # tokenized in a worker thread leaves the server's event loop free meanwhile
@@ -109,6 +101,10 @@ class Tokenizer:
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self._hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def vocabulary(self) -> dict[str, int]:
+        """Every token's text -> its id, added tokens included."""
+        return self._hf.get_vocab(with_added_tokens=True)
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._hf.id_to_token(int(token_id))
@@ -137,10 +133,11 @@ class Tokenizer:
         return self.token_bytes_text(token_id).encode("utf-8")
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
+        """The conversation as the model's prompt text, its special tokens written by the template:
+        encode it with add_special_tokens=False."""
         if self.chat_template is None:
             raise ValueError("this model has no chat template; use a plain completion prompt")
-        return ChatPrompt(self.chat_template.render(messages, add_generation_prompt=add_generation_prompt,
-                                                    **extra))
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
 
 
 @functools.lru_cache(maxsize=1)

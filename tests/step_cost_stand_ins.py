@@ -12,3 +12,10 @@ class FreeVerification(StepCosts):
 
     def seconds(self, num_tokens):
         return 1.0
+
+
+class FreeDrafting(FreeVerification):
+    """A draft model's step costs nothing: with FreeVerification, the gate keeps every draft."""
+
+    def seconds(self, num_tokens):
+        return 0.0

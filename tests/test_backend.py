@@ -52,3 +52,12 @@ def test_unknown_backend_is_rejected(monkeypatch):
     monkeypatch.setenv("EMBER_BACKEND", "tpu")
     with pytest.raises(backend.BackendError, match="tpu"):
         backend.get_backend_name()
+
+
+def test_the_process_malloc_policy_can_be_left_alone(monkeypatch):
+    """keep_freed_memory_mapped is process-wide (mallopt); EMBER_KEEP_FREED_MEMORY=0 opts out."""
+    from ember_cupy.backend import keep_freed_memory_mapped
+    monkeypatch.setenv("EMBER_KEEP_FREED_MEMORY", "0")
+    assert keep_freed_memory_mapped() is False
+    monkeypatch.delenv("EMBER_KEEP_FREED_MEMORY")
+    assert keep_freed_memory_mapped() is True   # glibc on Linux accepts the settings

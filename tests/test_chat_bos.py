@@ -53,8 +53,8 @@ def test_plain_prompts_still_get_their_bos(engine):
 def test_encoding_a_rendered_chat_adds_no_second_bos(engine):
     prompt = engine.tokenizer.apply_chat_template(MESSAGES)
     assert prompt.startswith("<s>")
-    assert _one_bos(engine.tokenizer.encode(prompt))
-    assert engine.tokenizer.encode(prompt, add_special_tokens=True)[:2] == [BOS, BOS]   # when asked
+    assert _one_bos(engine.tokenizer.encode(prompt, add_special_tokens=False))
+    assert engine.tokenizer.encode(prompt)[:2] == [BOS, BOS]   # when asked (the default, for plain text)
 
 
 def test_llm_chat_prompt_has_one_bos(bos_model):
@@ -68,8 +68,8 @@ def test_cli_chat_prompt_has_one_bos(bos_model, monkeypatch, capsys):
     seen = []
     original = LLMEngine._prompt_ids
 
-    def recording(self, prompt):
-        text, ids = original(self, prompt)
+    def recording(self, prompt, *args):
+        text, ids = original(self, prompt, *args)
         seen.append(ids)
         return text, ids
 
@@ -105,7 +105,7 @@ def served(engine):
 
 
 def test_http_chat_and_tokenize_count_one_bos(served, engine):
-    expected = engine.tokenizer.encode(engine.tokenizer.apply_chat_template(MESSAGES))
+    expected = engine.tokenizer.encode(engine.tokenizer.apply_chat_template(MESSAGES), add_special_tokens=False)
     assert _one_bos(expected)
     tokenized = _post(served + "/tokenize", {"messages": MESSAGES})
     assert tokenized["tokens"] == expected
@@ -132,4 +132,4 @@ def test_tokenizer_json_template_processing_bos_is_added(tmp_path):
     assert tokenizer.encode("w1 w2") == [BOS, w1, w2]
     assert tokenizer.encode("w1 w2", add_special_tokens=False) == [w1, w2]
     assert tokenizer.add_bos_token
-    assert _one_bos(tokenizer.encode(tokenizer.apply_chat_template(MESSAGES)))
+    assert _one_bos(tokenizer.encode(tokenizer.apply_chat_template(MESSAGES), add_special_tokens=False))

@@ -47,7 +47,7 @@ def test_generation_prompt_and_kwargs_in_the_tokenizer(model_dir):
     assert render(MESSAGES, enable_thinking=False) == "<user>w1 w2<assistant><no_think>"
     with_prompt = llm.chat(MESSAGES, SamplingParams(max_tokens=1))[0].prompt_token_ids
     without = llm.chat(MESSAGES, SamplingParams(max_tokens=1), add_generation_prompt=False)[0].prompt_token_ids
-    assert without == llm.tokenizer.encode(render(MESSAGES, add_generation_prompt=False))
+    assert without == llm.tokenizer.encode(render(MESSAGES, add_generation_prompt=False), add_special_tokens=False)
     assert len(with_prompt) > len(without)
 
 
@@ -69,7 +69,7 @@ def test_http_chat_honours_add_generation_prompt_and_kwargs(model_dir):
         count = lambda **extra: _post(server.url + "/v1/chat/completions",  # noqa: E731
                                       {"messages": MESSAGES, "max_tokens": 1, **extra})["usage"]["prompt_tokens"]
         encode = lambda **kw: len(engine.tokenizer.encode(  # noqa: E731
-            engine.tokenizer.apply_chat_template(MESSAGES, **kw)))
+            engine.tokenizer.apply_chat_template(MESSAGES, **kw), add_special_tokens=False))
         assert count() == encode()
         assert count(add_generation_prompt=False) == encode(add_generation_prompt=False) < count()
         assert count(chat_template_kwargs={"enable_thinking": False}) == encode(enable_thinking=False) > count()

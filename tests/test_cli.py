@@ -272,3 +272,12 @@ def test_speculative_config_flag_reaches_the_engine_config_and_a_bad_one_is_one_
     done = _cli("serve", "--port", str(_free_port()), "--speculative-config", '{"num_speculative_tokens": 0}')
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "num_speculative_tokens" in done.stderr
+
+
+def test_a_draft_model_of_another_vocabulary_is_one_line(tmp_path):
+    from tiny_model import write_tiny_checkpoint
+    write_tiny_checkpoint(tmp_path / "draft")
+    flag = json.dumps({"model": str(tmp_path / "draft"), "num_speculative_tokens": 3})
+    done = _cli("generate", "--speculative-config", flag, "--max-tokens", "1", "Hello")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "vocabulary has 64 tokens" in done.stderr

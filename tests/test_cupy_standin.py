@@ -86,6 +86,23 @@ def cut_model(tmp_path_factory):
     return str(path)
 
 
+def test_a_draft_model_on_the_device_needs_a_sized_pool_and_keeps_the_numpy_tokens(tiny, numpy_results):
+    """The tiny model drafting for itself through the device paths (its argmax on the device, a
+    step of catch-up rows only); without num_kv_blocks the target's pool would take its memory."""
+    from step_cost_stand_ins import FreeDrafting, FreeVerification
+    draft = {"model": tiny, "num_speculative_tokens": 3}
+    with standin_cupy.installed():
+        with pytest.raises(ValueError, match="needs num_kv_blocks"):
+            LLM(tiny, speculative_config=draft, **{**CONFIG, "num_kv_blocks": None})
+        llm = LLM(tiny, speculative_config=draft, **CONFIG)
+        llm.engine.speculator.costs = FreeVerification()
+        llm.engine.speculator.proposer.costs = FreeDrafting()
+        params = params_suite()[0]
+        tokens = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
+    assert tokens == [t for t, _ in numpy_results[:len(PROMPTS)]]
+    assert llm.engine.spec_decode_stats.num_accepted_tokens > 0
+
+
 def test_constrained_sampling_on_the_real_model(cut_model):
     """The grammar mask on the device (cuda/sampling.cu's bitmask kernel), greedy and seeded,
     a raw-logprobs row copied back before the mask: the NumPy backend's tokens and logprobs."""

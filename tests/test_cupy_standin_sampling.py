@@ -72,10 +72,10 @@ def device_run(model_path):
             copies.append(self.nbytes)
         return get(self, *args, **kwargs)
 
-    def recording_sample_rows(self, logits, seqs):
+    def recording_sample_rows(self, logits, seqs, grammar):
         in_sampler[0] = True
         try:
-            return sample_rows(self, logits, seqs)
+            return sample_rows(self, logits, seqs, grammar)
         finally:
             in_sampler[0] = False
 

@@ -149,3 +149,11 @@ def test_the_offline_llm_takes_whole_steps_unless_told(checkpoint):
     outputs = whole.generate([[1000 * k + i for i in range(300)] for k in (1, 2, 3)], SamplingParams(max_tokens=1))
     assert whole.engine.last_step_num_tokens == 3 * 300 - 512 and len(outputs) == 3
     assert LLM(checkpoint, max_num_prefill_tokens=32).engine.config.max_num_prefill_tokens == 32
+
+
+def test_generate_and_chat_without_params_take_the_generation_defaults(make_llm):
+    """No SamplingParams: the engine's defaults (--override-generation-config) fill them."""
+    llm = make_llm(override_generation_config={"max_new_tokens": 3, "temperature": 0})
+    out = llm.generate("The capital of France is")[0].outputs[0]
+    assert len(out.token_ids) == 3 and out.finish_reason == "length"
+    assert len(llm.chat([{"role": "user", "content": "Hi"}])[0].outputs[0].token_ids) <= 3

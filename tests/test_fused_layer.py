@@ -13,7 +13,7 @@ import pytest
 from ember_cupy import LLM, SamplingParams
 from ember_cupy.model.loader import load_checkpoint
 from ember_cupy.ops import _host
-from ember_cupy.ops.layer import LayerWeightsArgs, StepArgs, llama_layer
+from ember_cupy.ops.layer import LayerWeightsArgs, StepArgs, decoder_layer
 from gemma3_model import gemma3_gguf_path
 from tiny_gguf import write_tiny_gguf
 from tiny_model import GEMMA3, assert_greedy_matches_reference, write_tiny_checkpoint
@@ -50,6 +50,14 @@ def _fused_against_op_by_op(make, prompts, atol: float = 1e-5) -> None:
 def test_fused_layers_give_the_op_by_op_logprobs(make_llm, kv_cache_dtype):
     _fused_against_op_by_op(lambda: make_llm(enable_prefix_caching=False, kv_cache_dtype=kv_cache_dtype,
                                              max_num_batched_tokens=16), PROMPTS)
+
+
+def test_16_bit_matrices_take_the_fused_layer(tmp_path):
+    """A bf16 checkpoint (Qwen3: qk_norm; hidden 48, not a multiple of 32): the layers' 16-bit
+    matrices run in the fused host call as they do op by op."""
+    write_tiny_checkpoint(tmp_path, arch="Qwen3ForCausalLM", dtype="bfloat16", heads=4, kv_heads=2, hidden=48)
+    prompts = [[3 + (5 * i + j) % 60 for i in range(7 + 3 * j)] for j in range(3)]
+    _fused_against_op_by_op(lambda: LLM(str(tmp_path), kv_cache_dtype="float32", max_num_batched_tokens=8), prompts)
 
 
 # ---- Gemma 3 270M ---------------------------------------------------------------------------
@@ -145,7 +153,7 @@ def test_bad_layer_arguments_return_a_status():
              (LayerWeightsArgs(), step(), None, 33)]
     for weights, step_arguments, residual, status in cases:
         with pytest.raises(RuntimeError, match=f"status {status}$"):
-            llama_layer(library, weights, step_arguments, floats, residual, True)
+            decoder_layer(library, weights, step_arguments, floats, residual, True)
     slots[0] = 1
     with pytest.raises(RuntimeError, match="status 30$"):
-        llama_layer(library, LayerWeightsArgs(), step(), floats, floats, True)
+        decoder_layer(library, LayerWeightsArgs(), step(), floats, floats, True)

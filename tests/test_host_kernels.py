@@ -336,8 +336,8 @@ def test_bad_arguments_are_refused(library):
     x = np.zeros((1, 96), np.float32)
     status = library.lib.ember_matmul_q(x.ctypes.data, 1, 96, 96, ctypes.c_void_p(1), 4, 2, out.ctypes.data, 4, 1, 0.0)
     assert status == -1                               # Q4_K needs a multiple of 256 columns
-    status = library.lib.ember_matmul_q(x.ctypes.data, 1, 96, 96, ctypes.c_void_p(1), 4, 8, out.ctypes.data, 4, 1, 0.0)
-    assert status == -1                               # no such format
+    status = library.lib.ember_matmul_q(x.ctypes.data, 1, 96, 96, ctypes.c_void_p(1), 4, 10, out.ctypes.data, 4, 1, 0.0)
+    assert status == -1                               # no such format (8, 9: BF16, F16)
     with pytest.raises(ValueError, match="does not match"):
         matmul_q(np.zeros((1, 64), np.float32), _weight(np.random.default_rng(0), "Q8_0", 4, 96), library)
 

@@ -112,3 +112,20 @@ def test_dequantized_at_load_is_the_packed_twin_bit_for_bit(qtype):
         assert once.packed_bytes == packed.nbytes
         np.testing.assert_array_equal(once.matrix, packed.dequantize())
         np.testing.assert_array_equal(matmul_q_numpy(x, once, two_pass), matmul_q_numpy(x, packed, two_pass))
+
+
+def test_a_16_bit_checkpoint_is_widened_once_to_float32(without_compiler, tmp_path):
+    """No kernel for its 16-bit matrices: they become float32 [in, out] at load (NumPy's GEMM),
+    not the twin's emulated FMAs on every call."""
+    import json
+
+    from ember_cupy import LLM
+    from tiny_model import assert_greedy_matches_reference, write_tiny_checkpoint
+    without_compiler()
+    weights = write_tiny_checkpoint(tmp_path, dtype="bfloat16")
+    llm = LLM(str(tmp_path), kv_cache_dtype="float32")
+    model = llm.engine.runner.model
+    qkv = model.layers[0].qkv
+    assert isinstance(qkv, np.ndarray) and qkv.dtype == np.float32 and qkv.shape == (32, 64)
+    assert isinstance(model.embed, np.ndarray) and model.embed.dtype == np.float32
+    assert_greedy_matches_reference(llm, weights, json.load(open(tmp_path / "config.json")))

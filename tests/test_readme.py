@@ -1,6 +1,6 @@
-"""Issue 14 item 8: every command README.md shows runs as written.
+"""Issue 14 item 8: every command the user docs (README.md and docs/*.md) show runs as written.
 
-The commands are read from README.md itself (its bash and python blocks, and the inline
+The commands are read from the docs themselves (its bash and python blocks, and the inline
 `ember-cupy ...` / `python ...` / `bash ...` / `pip ...` spans of its prose), so a command added
 there without a way to run it here fails test_every_readme_command_is_covered. How each is run:
 
@@ -36,6 +36,9 @@ import pytest
 KERNEL_CACHE = os.environ.get("EMBER_KERNEL_CACHE", os.path.expanduser("~/.cache/ember_cupy/kernels"))
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")
+# design.md is the developers' map: its spans name commands rather than show them
+USER_DOCS = [README] + sorted(os.path.join(REPO, "docs", name) for name in os.listdir(os.path.join(REPO, "docs"))
+                              if name.endswith(".md") and name != "design.md")
 README_PORTS = ("8000", "9000", "9001")
 INLINE_COMMAND = re.compile(r"^(ember-cupy|python|bash|pip)\s")
 
@@ -69,8 +72,8 @@ def _shell_commands(block: str) -> list[str]:
 
 
 def readme_commands() -> tuple[list[str], list[str]]:
-    """(shell commands, python snippets) of README.md."""
-    text = open(README).read()
+    """(shell commands, python snippets) of the user docs."""
+    text = "\n\n".join(open(path).read() for path in USER_DOCS)
     shell, python = [], []
     for lang, body in re.findall(r"```(\w*)\n(.*?)```", text, re.S):
         if lang == "bash":

@@ -102,7 +102,7 @@ def test_a_row_without_finite_logits_falls_back_to_greedy(fill):
 
 # --- chat logprob bytes ---------------------------------------------------------------------
 def test_chat_logprob_bytes_are_each_tokens_own_bytes(tokenizer):
-    from ember_cupy.server.responses import LogprobFormatter
+    from ember_cupy.server.completion_bodies import LogprobFormatter
     ids = tokenizer.encode("🚀")
     assert len(ids) == 3                              # one character, three byte-level tokens
     entries = [TokenLogprobs(i, -0.25, [(i, -0.25), (ids[(n + 1) % 3], -2.0)]) for n, i in enumerate(ids)]

@@ -204,7 +204,7 @@ def test_stop_tokens_end_sequences_in_the_scheduler():
 
 
 def test_a_fork_gets_its_own_copy_of_the_constraint_state():
-    class Constraint:   # what the scheduler asks of a constraint state: fork(), is_finished, failed
+    class Constraint:   # what the scheduler asks of a constraint state: fork(), accept(), is_finished, failed
         is_finished = False
         failed = False
 
@@ -213,6 +213,9 @@ def test_a_fork_gets_its_own_copy_of_the_constraint_state():
 
         def fork(self):
             return Constraint(list(self.consumed))
+
+        def accept(self, token_id):   # the state at the prompt's end is what this test compares
+            return True
 
     config = EngineConfig(max_num_seqs=3, max_num_batched_tokens=512, block_size=4)
     run = TraceReplay(config, 64)

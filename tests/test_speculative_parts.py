@@ -49,6 +49,21 @@ def test_the_gate_follows_costs_and_acceptance():
     assert choose_drafts([good, poor], 2, 2, cheap) == [4, 0]
 
 
+def test_the_gate_charges_a_draft_models_steps_per_drafted_position():
+    free = lambda n: 1.0                     # noqa: E731
+    good = Candidate(4, 0.9)
+    assert choose_drafts([good], 1, 1, free, lambda m: 0.0) == [4]
+    # a draft step costs a tenth of a target step: the fourth draft (worth 0.9**4) still pays
+    assert choose_drafts([good], 1, 1, free, lambda m: 0.1) == [4]
+    # half a target step: the fourth position's 0.66 tokens no longer pay for it
+    assert choose_drafts([good], 1, 1, free, lambda m: 0.5) == [3]
+    assert choose_drafts([good], 1, 1, free, lambda m: 2.0) == [0]
+    # one draft step drafts a position for every sequence: four sequences pay it once per position
+    assert choose_drafts([good] * 4, 4, 4, free, lambda m: 0.5) == [3] * 4
+    # while a draft model whose step grows with its rows costs each sequence its share
+    assert choose_drafts([good] * 4, 4, 4, free, lambda m: 0.5 * m) == [0] * 4
+
+
 def test_step_costs_interpolate_between_measured_sizes_and_follow_new_measurements():
     costs = StepCosts()
     assert not costs.measured

@@ -65,7 +65,7 @@ def json_params(schema, **sampling) -> SamplingParams:
 
 
 def chat_prompt(llm, text: str) -> str:
-    return llm.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+    return llm.tokenizer.apply_chat_template([{"role": "user", "content": text}])   # SmolLM2 adds no BOS either way
 
 
 @pytest.fixture(scope="module")
@@ -314,3 +314,14 @@ def test_a_grammar_over_the_size_limit_is_refused(llm):
     with pytest.raises(ValueError, match="compiles to [0-9]+ MiB; the limit is 16 MiB per constraint"):
         compiler.compile(StructuredOutputsParams(regex="(a{1000}){100}"))
     assert compiler.num_cached == 0
+
+
+def test_a_complete_grammar_stops_at_its_last_token(llm):
+    """Scheduler.update feeds each sampled token to the grammar, so the step that completes it ends
+    the sequence ("stop") with nothing after it, even when EOS is ignored."""
+    params = SamplingParams(max_tokens=12, ignore_eos=True, temperature=0,
+                            structured_outputs=StructuredOutputsParams(regex="[0-9]{4}"))
+    completion = llm.generate(chat_prompt(llm, "A year?"), params)[0].outputs[0]
+    assert re.fullmatch("[0-9]{4}", completion.text), completion.text
+    assert completion.finish_reason == "stop"
+    assert llm.tokenizer.decode(completion.token_ids, skip_special_tokens=False) == completion.text

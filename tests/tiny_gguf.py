@@ -27,10 +27,14 @@ _GEMMA3_LAYER = {**_LAYER, "post_attention_layernorm": "post_attention_norm",
 
 def write_tiny_gguf(path, weights: dict[str, np.ndarray], config: dict, *, pre: str = "gpt2",
                     rope_freqs: np.ndarray | None = None, quantize_matrices: bool = False,
-                    arch_name: str | None = None) -> str:
+                    half_matrices: bool = False, arch_name: str | None = None,
+                    tokenizer_from: str | None = None, renamed_tokens: dict[int, str] | None = None) -> str:
     """weights/config as write_tiny_checkpoint returned/wrote them; rope_freqs: the llama3
-    divisors (converter style); quantize_matrices: 2-D weights as Q8_0 blocks; arch_name: the
-    general.architecture written instead (an unknown one, for the refusal tests)."""
+    divisors (converter style); quantize_matrices: 2-D weights as Q8_0 blocks; half_matrices:
+    2-D weights as F16 (rounded); arch_name: the general.architecture written instead (an
+    unknown one, for the refusal tests); tokenizer_from: a GGUF file whose tokenizer.* fields are
+    copied (weights then need its vocabulary's rows), with renamed_tokens {id: text} changed in
+    its token list."""
     hf_arch = config["architectures"][0]
     arch = ARCHS[hf_arch]
     writer = gguf.GGUFWriter(str(path), arch_name or arch)
@@ -54,11 +58,16 @@ def write_tiny_gguf(path, weights: dict[str, np.ndarray], config: dict, *, pre: 
         writer.add_sliding_window(config["sliding_window"])
         writer.add_uint32(f"{writer.arch}.attention.sliding_window_pattern", config.get("sliding_window_pattern", 6))
         writer.add_float32(f"{writer.arch}.rope.freq_base_swa", config["rope_local_base_freq"])
-    _add_vocabulary(writer, pre)
+    if tokenizer_from is None:
+        _add_vocabulary(writer, pre)
+    else:
+        _copy_vocabulary(writer, tokenizer_from, renamed_tokens or {})
     for name, tensor in _gguf_tensors(weights, config, arch).items():
         if quantize_matrices and tensor.ndim == 2:
             blocks = gguf.quants.quantize(tensor, gguf.GGMLQuantizationType.Q8_0)
             writer.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        elif half_matrices and tensor.ndim == 2:
+            writer.add_tensor(name, tensor.astype(np.float16))
         else:
             writer.add_tensor(name, tensor)
     if rope_freqs is not None:
@@ -79,6 +88,23 @@ def _add_vocabulary(writer, pre: str) -> None:
     writer.add_token_merges([])
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(1)
+
+
+def _copy_vocabulary(writer, source: str, renamed: dict[int, str]) -> None:
+    """Its tokenizer.* fields, read by the engine's own fast reader (gguf's takes seconds on a
+    49k vocabulary); their types from their values, as the converter writes them."""
+    from ember_cupy.gguf_file import GGUFFile
+    kinds = {bool: gguf.GGUFValueType.BOOL, int: gguf.GGUFValueType.UINT32, str: gguf.GGUFValueType.STRING}
+    for key, value in GGUFFile(source).metadata.items():
+        if not key.startswith("tokenizer."):
+            continue
+        if key == "tokenizer.ggml.tokens":
+            value = [renamed.get(i, token) for i, token in enumerate(value)]
+        if isinstance(value, list):
+            item = gguf.GGUFValueType.INT32 if isinstance(value[0], int) else gguf.GGUFValueType.STRING
+            writer.add_key_value(key, value, gguf.GGUFValueType.ARRAY, item)
+        else:
+            writer.add_key_value(key, value, kinds[type(value)])
 
 
 def _gguf_tensors(weights, config, arch: str) -> dict[str, np.ndarray]:

@@ -1,8 +1,10 @@
-"""Milliseconds per quantized matmul (cpu/matmul_q.c) on each host-kernel ISA path, side by side.
+"""Milliseconds per quantized or 16-bit float matmul (cpu/matmul_q.c, cpu/matmul_16bit.c) on each
+host-kernel ISA path, side by side.
 
     python tools/bench_matmul.py                          # every path this CPU runs
     python tools/bench_matmul.py --isa avx512vnni --isa avx512amx --rows 1,16,256
     python tools/bench_matmul.py --shape llama-1b --formats Q4_K,Q6_K,Q5_0,Q4_0,Q8_0 --rows 1,8,16,64
+    python tools/bench_matmul.py --shape llama-1b --formats BF16,F16 --rows 1,8,16,64
 
 Random weights in SmolLM2-135M's shapes (Q4_1 qkv / o / gate_up / down, the Q8_0 tied LM head),
 or a Llama-3.2-1B layer's matrices in each of --formats (GB/s of weights read beside each time),
@@ -22,8 +24,8 @@ from gguf.quants import quantize
 from ember_cupy.config import EngineConfig
 from ember_cupy.ops import _host
 from ember_cupy.ops.linear import matmul_q
-from ember_cupy.packed_weight import to_kernel_format
-from ember_cupy.quant import ActivationQuantization, QuantizedTensor
+from ember_cupy.ops.pack import to_kernel_format
+from ember_cupy.quant import HALF_TYPES, ActivationQuantization, QuantizedTensor, half_tensor
 
 SHAPES = {"qkv": (960, 576, "Q4_1"), "o": (576, 576, "Q4_1"), "gate_up": (3072, 576, "Q4_1"),
           "down": (576, 1536, "Q4_1"), "lm_head": (49152, 576, "Q8_0")}
@@ -33,6 +35,10 @@ _K_QUANTS = {"Q4_K": (144, (0, 2)), "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,))
 
 
 def random_weight(rng, rows: int, cols: int, qtype: str):
+    if qtype in HALF_TYPES:
+        values = rng.standard_normal((rows, cols)).astype(np.float32) * 0.05
+        bits = values.astype(np.float16).view(np.uint16) if qtype == "F16" else (values.view(np.uint32) >> 16)
+        return to_kernel_format(half_tensor(bits.astype(np.uint16), qtype))
     if qtype in _K_QUANTS:
         block_bytes, scale_offsets = _K_QUANTS[qtype]
         data = rng.integers(0, 256, (rows, cols // 256, block_bytes), dtype=np.uint8)

@@ -6,7 +6,7 @@ costs, and run one after the other at each concurrency. Greedy, EOS honoured: sp
 exact, so both arms generate the same tokens and their tok/s compare like for like.
 
 Workloads:
-  grounded: the output copies spans of the prompt: rewrite a README paragraph, add a docstring
+  grounded: the output copies spans of the prompt: rewrite a paragraph of the docs, add a docstring
             to a function of this repository's source (prompt lookup's case);
   free:     open-ended writing (where drafts seldom match: the gate must keep this at ~1x).
 
@@ -42,8 +42,9 @@ SPEC_METRICS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft
 
 
 def readme_paragraphs(limit: int) -> list[str]:
-    """Prose paragraphs of the README (no code, tables or headings), 200-900 characters."""
-    text = (REPO / "README.md").read_text()
+    """Prose paragraphs of the user docs (README.md, then docs/*.md; no code, tables or headings),
+    200-900 characters."""
+    text = "\n\n".join(path.read_text() for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
     text = re.sub(r"```.*?```", "", text, flags=re.S)
     paragraphs = [" ".join(p.split()) for p in text.split("\n\n")]
     return [p for p in paragraphs if 200 <= len(p) <= 900 and not p.startswith(("#", "|", "-"))][:limit]

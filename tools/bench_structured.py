@@ -48,7 +48,7 @@ def median_step_ms(llm: LLM, num_streams: int, params: SamplingParams, steps: in
     prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": "Tell me a long story as JSON."}])
     ids = [f"bench-{num_streams}-{time.monotonic_ns()}-{i}" for i in range(num_streams)]
     for request_id in ids:
-        engine.add_request(request_id, prompt, params)
+        engine.add_request(request_id, prompt, params, add_special_tokens=False)
     while engine.num_waiting or any(s.num_uncomputed_tokens > 1 for s in engine.scheduler.running):
         engine.step()   # prefill
     times = []

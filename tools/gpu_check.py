@@ -171,7 +171,7 @@ def decode(report: Report, cupy, model: Path, batches, context: int, iterations:
 
     from ember_cupy.config import EngineConfig
     from ember_cupy.engine.model_runner import ModelRunner
-    from ember_cupy.model.llama import BatchMetadata
+    from ember_cupy.model.decoder import BatchMetadata
     from ember_cupy.model.loader import load_checkpoint
     checkpoint = load_checkpoint(str(model))
     cfg, block = checkpoint.config, 16

@@ -7,7 +7,7 @@ Decode: `--batch` sequences with prompts of about `--context` tokens are prefill
 `--steps` decode steps are timed. Prefill: one request of `--context` prompt tokens and
 max_tokens=1. Prints ms per step for every GEMM, attention, norms, RoPE, KV write and SiLU.
 
-The real forward is timed: while profiling, the functions LlamaModel.forward calls (the ops, the
+The real forward is timed: while profiling, the functions DecoderModel.forward calls (the ops, the
 linear layers, the embedding, the fused layer call) are replaced in its module by timed wrappers,
 so nothing is copied and profiling off costs nothing. By default the layers run as the engine
 runs them, one host-kernel call each (cpu/layer.c); --op-by-op runs its op-by-op twin instead. "python" is the forward's time outside those calls; "engine"
@@ -27,7 +27,7 @@ import types
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_serving import make_prompts  # noqa: E402
 
-import ember_cupy.model.llama as llama_module  # noqa: E402
+import ember_cupy.model.decoder as decoder_module  # noqa: E402
 from ember_cupy import ops  # noqa: E402
 from ember_cupy.config import EngineConfig  # noqa: E402
 
@@ -73,11 +73,11 @@ def profiling(llm, clock: OpClock, op_by_op: bool = True):
     names = _matrix_names(model)
     patched = {
         "ops": types.SimpleNamespace(**{n: clock.timed(n, getattr(ops, n)) for n in ops.__all__}),
-        "linear": clock.timed(lambda x, w, *rest: names.get(id(w), "gemm"), llama_module.linear),
-        "embedding": clock.timed("embedding", llama_module.embedding),
-        "llama_layer": clock.timed("decoder layers (one call each)", llama_module.llama_layer),
+        "linear": clock.timed(lambda x, w, *rest: names.get(id(w), "gemm"), decoder_module.linear),
+        "embedding": clock.timed("embedding", decoder_module.embedding),
+        "decoder_layer": clock.timed("decoder layers (one call each)", decoder_module.decoder_layer),
     }
-    saved = {name: getattr(llama_module, name) for name in patched}
+    saved = {name: getattr(decoder_module, name) for name in patched}
     hidden_states, logits = model.hidden_states, clock.timed("lm_head", model.logits)
     total = collections.Counter()
 
@@ -92,12 +92,12 @@ def profiling(llm, clock: OpClock, op_by_op: bool = True):
 
     model.hidden_states, model.logits = counted_in_forward(hidden_states), counted_in_forward(logits)
     for name, value in patched.items():
-        setattr(llama_module, name, value)
+        setattr(decoder_module, name, value)
     try:
         yield total
     finally:
         for name, value in saved.items():
-            setattr(llama_module, name, value)
+            setattr(decoder_module, name, value)
         del model.hidden_states, model.logits, model.fuse_layers
 
 

@@ -41,9 +41,10 @@ def engine_flags(parser: argparse.ArgumentParser) -> None:
              help="K/V cache storage (auto: float16 on the CPU with host kernels, halving KV memory and the "
                   "bytes attention reads, except with --quantization none; else the --dtype)")
     add_flag(g, "--quantization", choices=QUANTIZATIONS, default="auto",
-             help="weight format: auto = as stored (GGUF blocks stay quantized: host kernels; on CuPy "
-                  "Q8_0/Q4_0/Q4_1 through CUDA kernels, other GGUF types dequantized), "
-                  "none = dequantize to float (the exact reference), q8_0 = quantize every matrix")
+             help="weight format: auto = as stored (GGUF blocks stay quantized and bf16/f16 matrices 16-bit: "
+                  "host kernels; on CuPy Q8_0/Q4_0/Q4_1 through CUDA kernels, other GGUF types dequantized), "
+                  "none = dequantize to float (the exact reference; 16-bit floats stay 16-bit on the CPU), "
+                  "q8_0 = quantize every matrix")
     add_flag(g, "--activation-passes", type=int, choices=(1, 2), default=2,
              help="int8 passes over a quantized matmul's input: 2 = value + residual (~14 bits, faithful), "
                   "1 = llama.cpp's single pass (faster batches, less faithful); CuPy: weight-only, unused")
@@ -55,8 +56,9 @@ def engine_flags(parser: argparse.ArgumentParser) -> None:
                   "quantized matmul through the GEMV); the CPU kernels are deterministic without it")
     add_flag(g, "--speculative-config", default=None,
              help='speculative decoding, as vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4, '
-                  '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' (prompt lookup); drafts only where the '
-                  'measured step costs say they pay; the output is the same as without')
+                  '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' (prompt lookup) or \'{"model": PATH, '
+                  '"num_speculative_tokens": 4}\' (a smaller draft model of the same vocabulary, greedy); drafts '
+                  'only where the measured step costs say they pay; the output is the same as without')
     add_flag(g, "--no-progress", action="store_true", default=False, help="no progress bar while loading")
 
 

@@ -14,11 +14,11 @@ def _sampling(args):
                           top_k=args.top_k, seed=args.seed, stop=tuple(args.stop or ()))
 
 
-def _stream(engine, request_id: str, prompt, params, out=None) -> tuple[int, float]:
+def _stream(engine, request_id: str, prompt, params, out=None, add_special_tokens: bool = True) -> tuple[int, float]:
     """Run one request, printing text as it comes; returns (tokens, seconds)."""
     out = out or sys.stdout
     start = time.monotonic()
-    engine.add_request(request_id, prompt, params)
+    engine.add_request(request_id, prompt, params, add_special_tokens=add_special_tokens)
     tokens = 0
     try:
         while engine.has_unfinished_requests():
@@ -100,7 +100,7 @@ def _chat_loop(engine, system_prompt: str | None, params) -> int:
         messages.append({"role": "user", "content": line})
         prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         reply = _Capture(sys.stdout)
-        _stream(engine, f"chat-{turn}", prompt, params, out=reply)
+        _stream(engine, f"chat-{turn}", prompt, params, out=reply, add_special_tokens=False)
         messages.append({"role": "assistant", "content": reply.text})
         turn += 1
 

@@ -12,6 +12,7 @@ from ember_cupy.backend import get_xp, keep_freed_memory_mapped, to_numpy
 from ember_cupy.chat_template import read_chat_template
 from ember_cupy.config import CPU_MAX_NUM_PREFILL_TOKENS, EngineConfig
 from ember_cupy.engine.block_manager import BlockManager
+from ember_cupy.engine.draft_proposer import DraftModelProposer
 from ember_cupy.engine.model_runner import ModelRunner
 from ember_cupy.engine.outputs import OutputKind, RequestOutput
 from ember_cupy.engine.pooling import PREFILL_ONLY, EmbeddingRequest, PoolingParams
@@ -27,6 +28,7 @@ from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.loader import load_checkpoint
 from ember_cupy.sampling_params import SamplingParams
 from ember_cupy.speculative_config import SpeculativeConfig
+from ember_cupy.structured.bitmask import grammar_bitmasks
 from ember_cupy.structured.compiler import GrammarCompiler
 
 logger = logging.getLogger("ember_cupy.engine")
@@ -72,7 +74,7 @@ class LLMEngine:
                                           self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager, self.model_config.eos_token_ids)
         self.sampler = Sampler(self.model_config.eos_token_ids)
-        self.speculator = self._speculator(self.config.speculative_config)
+        self.speculator = self._speculator(self.config.speculative_config, progress)
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
         limits = [self.model_config.max_position_embeddings, self.runner.num_blocks * self.config.block_size]
         if self.config.max_model_len:
@@ -86,16 +88,19 @@ class LLMEngine:
         from ember_cupy.info import describe
         logger.info("%s", describe(self))
 
-    def _speculator(self, config: SpeculativeConfig | None) -> Speculator | None:
+    def _speculator(self, config: SpeculativeConfig | None, progress) -> Speculator | None:
         if config is None:
             return None
-        if config.method != "ngram":
-            raise ValueError(f"speculative_config.method {config.method!r} is not supported yet")
+        proposer = None
+        if config.method == "draft_model":
+            proposer = DraftModelProposer.load(config.model, self.checkpoint, self.config, self.runner.num_blocks,
+                                               self.runner.xp, progress)
+            self.scheduler.on_free = proposer.release
         costs = StepCosts()
         k = config.num_speculative_tokens
         costs.calibrate(self.runner.time_forward,
                         min(self.config.max_num_batched_tokens, self.config.max_num_seqs * (1 + k)))
-        return Speculator(config, costs)
+        return Speculator(config, costs, proposer)
 
     @property
     def spec_decode_stats(self) -> SpecDecodeStats | None:
@@ -126,9 +131,11 @@ class LLMEngine:
                     params: SamplingParams | PoolingParams | None = None,
                     *, priority: int = 0, cache_salt: str | None = None,
                     arrival_time: float | None = None, prompt_token_ids: list[int] | None = None,
-                    output_kind: OutputKind = OutputKind.CUMULATIVE, prompt_index: int = 0) -> None:
+                    output_kind: OutputKind = OutputKind.CUMULATIVE, prompt_index: int = 0,
+                    add_special_tokens: bool = True) -> None:
         """prompt_token_ids: with a string prompt, its token ids as self.tokenizer.encode gave them
         (the server tokenizes off its event loop); the prompt is then not tokenized again.
+        add_special_tokens: how a string prompt is tokenized (False for a rendered chat prompt).
         output_kind: what step() returns for this request (ember_cupy/engine/outputs.py).
         prompt_index: the prompt's place among those of one client request (Sequence.prompt_index).
         PoolingParams make an embedding request (ember_cupy/engine/pooling.py): one output, at
@@ -141,7 +148,7 @@ class LLMEngine:
                 raise ValueError("prompt is empty: it must contain at least one token")
             prompt_text, prompt_ids = prompt, list(prompt_token_ids)
         else:
-            prompt_text, prompt_ids = self._prompt_ids(prompt)
+            prompt_text, prompt_ids = self._prompt_ids(prompt, add_special_tokens)
         if isinstance(params, PoolingParams):
             self._add_embedding_request(request_id, prompt_text, prompt_ids, params, priority, cache_salt,
                                         arrival_time, prompt_index)
@@ -174,9 +181,9 @@ class LLMEngine:
         self.requests[request_id] = EmbeddingRequest(request_id, prompt_text, prompt_ids, params, seq)
         self.scheduler.add(seq)
 
-    def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
+    def _prompt_ids(self, prompt, add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
+            ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
             text = prompt
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, (int, np.integer)) for t in prompt):
             ids, text = [int(t) for t in prompt], None
@@ -234,6 +241,8 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running, self._likely_prompt_tokens())
         batch = self.scheduler.schedule()
+        if self.speculator is not None:
+            self.speculator.scheduled()
         self.last_step_num_tokens = batch.num_tokens
         if self.on_scheduled is not None:
             self.on_scheduled()
@@ -250,7 +259,7 @@ class LLMEngine:
             touched.append(request)
         sampling_seqs, logits = self._sampling_rows(batch, step_logits)
         streams = [Speculator.hold_stream(seq) if seq.draft_token_ids else None for seq, _ in batch.samples]
-        sampled = self.sampler(logits, sampling_seqs)
+        sampled = self.sampler(logits, sampling_seqs, grammar_bitmasks(sampling_seqs, logits.shape[-1]))
         emitted = self._emitted(batch, sampled, streams)
         if self.speculator is not None:
             self.speculator.costs.record(batch.num_tokens, time.perf_counter() - started)

@@ -11,7 +11,7 @@ from ember_cupy.config import EngineConfig, ModelConfig
 from ember_cupy.engine.scheduler import ScheduledBatch
 from ember_cupy.engine.sequence import Sequence
 from ember_cupy.model.checkpoint import Checkpoint
-from ember_cupy.model.llama import BatchMetadata, LlamaModel
+from ember_cupy.model.decoder import BatchMetadata, DecoderModel
 from ember_cupy.engine.step_buffers import StepBuffers
 from ember_cupy.engine.warmup import warm_up
 from ember_cupy.ops.cache import resolve_kv_cache_dtype
@@ -23,7 +23,7 @@ def resolve_dtype(name: str, xp, stored_dtype: str | None = None) -> np.dtype:
     checkpoint's 16-bit dtype (float16 stays float16, bfloat16 stays bfloat16), and bfloat16 for
     GGUF and float32 checkpoints: its range is float32's, while float16 tops out at 65504 and
     SmolLM2-135M's residual stream already peaks at 27,347 (42% of it); larger models carry
-    bigger outlier activations. Logits are float32 whatever the dtype (LlamaModel.logits).
+    bigger outlier activations. Logits are float32 whatever the dtype (DecoderModel.logits).
 
     float16 is refused on NumPy: NumPy has no BLAS for float16, so every GEMM runs in its generic
     loops (hundreds of times slower than float32). bfloat16 (ml_dtypes) is allowed: its matmul
@@ -90,7 +90,7 @@ class ModelRunner:
         if xp is not np:
             _configure_cupy()
         self.quantization = config.quantization   # model/weights.py: what each backend serves quantized
-        self.model = LlamaModel(checkpoint, xp=xp, dtype=dtype, quantization=self.quantization,
+        self.model = DecoderModel(checkpoint, xp=xp, dtype=dtype, quantization=self.quantization,
                                 consume=consume_checkpoint,
                                 activations=ActivationQuantization(config.activation_passes,
                                                                    config.second_pass_threshold),

@@ -49,7 +49,6 @@ finite or +inf value gives -inf everywhere.
 """
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,10 +60,8 @@ from ember_cupy.engine.sampling_batch import (
     build_batch)
 from ember_cupy.engine.sequence import Sequence
 from ember_cupy.ops import _cuda, _host
-from ember_cupy.structured.bitmask import apply_token_bitmask, fill_bitmasks
+from ember_cupy.structured.bitmask import apply_token_bitmask
 
-_host.register_signature("ember_kth_largest", [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                               ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int)
 
 # Candidate set sizes tried, in turn, for a top-p without top-k before sorting the whole vocabulary.
 TOP_P_CANDIDATES = (256, 2048, 16384)
@@ -208,20 +205,19 @@ class Sampler:
     def __init__(self, eos_token_ids: tuple[int, ...]):
         self.eos_token_ids = list(eos_token_ids)
 
-    def __call__(self, logits, seqs: list[Sequence]) -> SamplerOutput:
-        output = self._sample_rows(logits, seqs)
-        for seq, token in zip(seqs, output.token_ids):
-            if seq.constraint is not None:
-                seq.constraint.accept(token)
-        return output
+    def __call__(self, logits, seqs: list[Sequence], grammar: tuple[np.ndarray, np.ndarray] | None = None
+                 ) -> SamplerOutput:
+        """A token (and the logprobs asked for) per row of logits, row i sampled with seqs[i]'s
+        parameters and random stream; grammar: (bitmask, rows) from grammar_bitmasks, masked first.
+        Leaves the sequences' grammar state alone (Scheduler.update advances it)."""
+        return self._sample_rows(logits, seqs, grammar)
 
-    def _sample_rows(self, logits, seqs: list[Sequence]) -> SamplerOutput:
+    def _sample_rows(self, logits, seqs: list[Sequence], grammar) -> SamplerOutput:
         """The same steps on the host (NumPy logits) and on the device (CuPy logits: the kernels of
         cuda/sampling.cu; only token ids and the requested logprobs are copied back)."""
         if not seqs:   # a step where nothing samples (mid-prefill): CuPy refuses argmax of (0, vocab)
             return SamplerOutput([], [])
         vocab = logits.shape[-1]
-        grammar = self._grammar_masks(seqs, vocab)
         # one uniform per random row from its own generator, drawn even for a row that turns out
         # empty: a seeded stream stays aligned, and host and device draw the same numbers
         uniforms = [0.0 if seq.params.greedy else seq.generator().random() for seq in seqs]
@@ -250,18 +246,6 @@ class Sampler:
             top = [(int(t), float(v)) for t, v in zip(ids[j, :n], values[j, :n])]
             entries[row] = TokenLogprobs(token_ids[row], float(chosen[j]), top)
         return entries
-
-    @staticmethod
-    def _grammar_masks(seqs: list[Sequence], vocab: int):
-        """(bitmask, rows) of the constrained rows, or None: the mask goes on before everything
-        else (min_tokens, bias, penalties, temperature); logprobs stay the raw model's."""
-        rows = [i for i, seq in enumerate(seqs) if seq.constraint is not None]
-        if not rows:
-            return None
-        for i in rows:
-            seqs[i].constraint.sync(seqs[i].output_token_ids)
-        return fill_bitmasks([seqs[i].constraint for i in rows], vocab), np.asarray(rows, dtype=np.int32)
-
 
 
 def to_host(array) -> np.ndarray:

@@ -85,6 +85,9 @@ class Scheduler:
         self._order = itertools.count()   # admission tie-breaker, FCFS among equals
         self._arrival_no: dict[int, int] = {}
         self._preempted: set[int] = set()
+        # called with each sequence whose pages are freed (finished, aborted, preempted): what a
+        # draft model caches of it goes too (engine/draft_proposer.py)
+        self.on_free = None
 
     # --- queue management ---------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -99,7 +102,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.block_manager.free(seq)
+        self._free(seq)
         self._arrival_no.pop(id(seq), None)
         self._preempted.discard(id(seq))
         seq.status = SequenceStatus.FINISHED
@@ -312,9 +315,11 @@ class Scheduler:
         self.block_manager.trim(seq)
 
     def _append_token(self, seq: Sequence, token_id: int, now: float) -> None:
-        if seq.constraint is not None and seq.constraint.failed:   # a token its grammar refused
-            self.finish(seq, "error")
-            return
+        if seq.constraint is not None:
+            seq.constraint.accept(token_id)
+            if seq.constraint.failed:   # a token its grammar refused
+                self.finish(seq, "error")
+                return
         seq.token_ids.append(token_id)
         stats = seq.stats
         if stats.first_token_time is None:
@@ -330,10 +335,15 @@ class Scheduler:
         elif seq.num_output_tokens >= seq.max_tokens:
             self.finish(seq, "length")
 
+    def _free(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        if self.on_free is not None:
+            self.on_free(seq)
+
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
         """Recompute preemption: drop seq's KV, keep its tokens, requeue it first."""
         self.running.remove(seq)
-        self.block_manager.free(seq)
+        self._free(seq)
         seq.draft_token_ids = []
         seq.status = SequenceStatus.WAITING
         seq.stats.num_preemptions += 1

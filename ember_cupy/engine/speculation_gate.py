@@ -12,6 +12,12 @@ al.). Each draft token is thus a unit worth a**i expected tokens; units are take
 So speculation switches off when the batch is large enough that rows stop being free (T grows in
 proportion), and a sequence whose acceptance stays low stops drafting (its units are worth
 little), without a threshold to tune for either.
+
+A drafter that costs time (a draft model: engine/draft_proposer.py) adds its own measured cost:
+its i-th draft of every sequence comes from one draft step over the sequences drafting that many,
+so with m_i units at position i the drafting takes the sum of S(m_i) over the positions, S the
+draft model's measured step time; the rate is then (B + worth) / (T(N + D) + that sum). A
+sequence's first catch-up of its prompt is not charged: it is paid once, for all its steps.
 """
 from __future__ import annotations
 
@@ -28,18 +34,25 @@ class Candidate:
 
 
 def choose_drafts(candidates: list[Candidate], num_decodes: int, num_tokens: int,
-                  step_seconds: Callable[[int], float]) -> list[int]:
+                  step_seconds: Callable[[int], float],
+                  draft_seconds: Callable[[int], float] | None = None) -> list[int]:
     """How many of its drafts each candidate keeps (0: none). num_decodes: the step's decoding
-    sequences; num_tokens: its tokens without drafts; step_seconds(n): the time of a step of n."""
+    sequences; num_tokens: its tokens without drafts; step_seconds(n): the time of a step of n;
+    draft_seconds(m): the time of a drafter's step for m sequences (None: drafting is free)."""
     units = sorted(((c.acceptance ** (i + 1), i, index) for index, c in enumerate(candidates)
                     for i in range(c.num_drafts)), key=lambda u: (-u[0], u[1], u[2]))
     best = MIN_GAIN * num_decodes / step_seconds(num_tokens)
-    best_count, worth = 0, 0.0
-    for count, (value, _, _) in enumerate(units, 1):
+    best_count, worth, drafting = 0, 0.0, 0.0
+    per_position = [0] * max((c.num_drafts for c in candidates), default=0)
+    for count, (value, position, _) in enumerate(units, 1):
         if value <= 0:
             break
         worth += value
-        rate = (num_decodes + worth) / step_seconds(num_tokens + count)
+        if draft_seconds is not None:
+            rows = per_position[position]
+            drafting += draft_seconds(rows + 1) - (draft_seconds(rows) if rows else 0.0)
+            per_position[position] = rows + 1
+        rate = (num_decodes + worth) / (step_seconds(num_tokens + count) + drafting)
         if rate > best:
             best, best_count = rate, count
     kept = [0] * len(candidates)

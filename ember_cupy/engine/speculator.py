@@ -2,7 +2,9 @@
 
 Before the scheduler runs, propose() gives each decoding sequence that may speculate the drafts
 its proposer offers (at most num_speculative_tokens, and never past its max_tokens), and the
-gate (speculation_gate.py) keeps those that pay at this step's size. The scheduler runs a
+gate (speculation_gate.py) keeps those that pay at this step's size. Proposers: prompt lookup
+(ngram_proposer.py, which describes their interface) and a draft model (draft_proposer.py, whose
+own step costs the gate weighs before it runs). The scheduler runs a
 sequence's last token and its drafts as one chunk (Sequence.draft_token_ids); the runner gives a
 logits row for each; the sampler samples every row as decoding would (Sequence.verification_view);
 verify() keeps what spec_verify.py accepts; the scheduler rolls back the rest.
@@ -62,6 +64,7 @@ class Speculator:
         self.proposer = proposer or NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.stats = SpecDecodeStats(config.num_speculative_tokens)
         self.acceptance = PRIOR_ACCEPTANCE   # engine-wide, a fresh sequence's starting estimate
+        self._drafted: list[Sequence] = []   # the sequences the proposer drafted for this step
 
     # --- before scheduling ----------------------------------------------------------------
     def propose(self, running: list[Sequence], num_prompt_tokens: int) -> None:
@@ -75,13 +78,19 @@ class Speculator:
             return
         eligible = [seq for seq in decoding if self._may_draft(seq)]
         num_tokens = len(decoding) + num_prompt_tokens
-        # an upper bound first: if every sequence drafting all it may would not pay, drafts of
-        # fewer tokens would not either, and the proposer need not run (~0.1 ms a sequence)
+        # a plan first, from each sequence's room: if no draft would pay, the proposer need not
+        # run; a drafter that costs time (a draft model) drafts only what the plan keeps
+        drafter_costs = self.proposer.costs
         bound = [Candidate(self._room(seq), self._acceptance(seq)) for seq in eligible]
-        if not any(choose_drafts(bound, len(decoding), num_tokens, self.costs.seconds)):
+        plan = choose_drafts(bound, len(decoding), num_tokens, self.costs.seconds,
+                             None if drafter_costs is None else drafter_costs.seconds)
+        if not any(plan):
             return
-        offered = [(seq, self._drafts(seq)) for seq in eligible]
-        offered = [(seq, drafts) for seq, drafts in offered if drafts]
+        asked = [room.num_drafts if drafter_costs is None else count for room, count in zip(bound, plan)]
+        asking = [(seq, count) for seq, count in zip(eligible, asked) if count]
+        drafted = self.proposer.propose_batch([seq for seq, _ in asking], [count for _, count in asking])
+        self._drafted = [seq for seq, _ in asking]
+        offered = [(seq, drafts) for (seq, _), drafts in zip(asking, drafted) if drafts]
         if not offered:
             return
         candidates = [Candidate(len(drafts), self._acceptance(seq)) for seq, drafts in offered]
@@ -91,6 +100,13 @@ class Speculator:
             if count == 0:
                 seq.draft_acceptance = self._acceptance(seq) + RECOVERY_RATE * (self.acceptance - self._acceptance(seq))
 
+    def scheduled(self) -> None:
+        """After scheduling: the proposer forgets the drafts that the gate or the scheduler (no
+        room in the step or the KV pool) dropped."""
+        for seq in self._drafted:
+            self.proposer.keep(seq, len(seq.draft_token_ids))
+        self._drafted = []
+
     @staticmethod
     def _may_draft(seq: Sequence) -> bool:
         return seq.constraint is None and seq.params.speculative and not seq.pooled
@@ -98,10 +114,6 @@ class Speculator:
     def _room(self, seq: Sequence) -> int:
         """Drafts seq may take: num_speculative_tokens, and never past its max_tokens."""
         return max(0, min(self.config.num_speculative_tokens, seq.max_tokens - seq.num_output_tokens - 1))
-
-    def _drafts(self, seq: Sequence) -> list[int]:
-        room = self._room(seq)
-        return self.proposer.propose(seq.token_ids, room) if room > 0 else []
 
     def _acceptance(self, seq: Sequence) -> float:
         return self.acceptance if seq.draft_acceptance is None else seq.draft_acceptance
@@ -111,6 +123,7 @@ class Speculator:
         """The tokens seq emits: target[j] is what its row j sampled (after j drafts)."""
         drafts = seq.draft_token_ids
         tokens = verified_tokens(drafts, target)
+        self.proposer.keep(seq, len(tokens) - 1)
         self.stats.observe(len(drafts), len(tokens) - 1)
         self._learn(seq, len(drafts), len(tokens) - 1)
         return tokens

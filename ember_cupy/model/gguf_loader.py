@@ -1,7 +1,8 @@
 """GGUF checkpoints (llama.cpp's format) through the `gguf` package.
 
-Float tensors (F32/F16/BF16) are read as float32; quantized ones stay in their GGUF blocks as
-`QuantizedTensor`s (the model decides their serving format: ember_cupy/model/weights.py).
+F32 tensors (and 16-bit vectors) are read as float32; quantized matrices stay in their GGUF
+blocks as `QuantizedTensor`s, F16/BF16 matrices in their 16 bits as QuantizedTensors of qtype
+F16/BF16 (the model decides their serving format: ember_cupy/model/weights.py).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ember_cupy.config import ModelConfig
 from ember_cupy.gguf_file import GGUFFile
 from ember_cupy.gguf_metadata import field_value
 from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, prepare_linear_weights
-from ember_cupy.quant import QuantizedTensor
+from ember_cupy.quant import QuantizedTensor, half_tensor
 
 # llama.cpp's converter writes Mistral (and Llama 2/3, TinyLlama, SmolLM) as "llama".
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
@@ -135,12 +136,14 @@ def _canonical_name(gguf_name: str) -> str | None:
 
 
 def _read_tensor(tensor) -> np.ndarray | QuantizedTensor:
-    """Float tensors as float32 arrays; quantized matrices as their blocks, a view of the file
-    (the model packs them into its own arrays; then nothing holds the file's pages)."""
+    """Float tensors as float32 arrays; quantized and 16-bit float matrices as their blocks (bits),
+    a view of the file (the model packs them into its own arrays; then nothing holds the file's pages)."""
     from gguf import GGMLQuantizationType as QT
-    if tensor.tensor_type in (QT.F32, QT.F16, QT.BF16) or len(tensor.shape) != 2:
+    rows = int(tensor.shape[1]) if len(tensor.shape) == 2 else 0
+    if tensor.tensor_type in (QT.F16, QT.BF16) and rows:
+        return half_tensor(np.asarray(tensor.data).reshape(rows, -1).view(np.uint16), tensor.tensor_type.name)
+    if tensor.tensor_type == QT.F32 or not rows:
         return _dequantize(tensor)
-    rows = int(tensor.shape[1])
     return QuantizedTensor(tensor.tensor_type.name, tensor.data.reshape(rows, -1), (rows, int(tensor.shape[0])))
 
 

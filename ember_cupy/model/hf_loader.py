@@ -9,6 +9,7 @@ import numpy as np
 
 from ember_cupy.config import ModelConfig
 from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, prepare_linear_weights
+from ember_cupy.quant import HALF_TYPES, half_tensor
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
@@ -183,19 +184,45 @@ def _shard_files(path: str) -> list[str]:
 
 
 def _read_safetensors(path: str, layer_names: dict, progress) -> dict[str, np.ndarray]:
+    import ml_dtypes  # noqa: F401  (registers NumPy's bfloat16, which safetensors' numpy reader needs)
     from safetensors import safe_open
 
     weights = {}
     files = _shard_files(path)
     for done, file in enumerate(files, 1):
+        entries, data_start = _safetensors_header(file)
         with safe_open(file, framework="np") as f:
             for hf_name in f.keys():
                 name = _canonical_name(hf_name, layer_names)
-                if name is not None:
-                    weights[name] = np.asarray(f.get_tensor(hf_name), dtype=np.float32)  # bf16 via ml_dtypes
+                if name is None:
+                    continue
+                entry = entries[hf_name]
+                if entry["dtype"] in HALF_TYPES and len(entry["shape"]) == 2:
+                    weights[name] = _half_matrix(file, entry, data_start)
+                else:
+                    weights[name] = np.asarray(f.get_tensor(hf_name), dtype=np.float32)
         if progress:
             progress(done, len(files))
     return weights
+
+
+def _safetensors_header(file: str) -> tuple[dict, int]:
+    """The file's tensor entries ({name: {dtype, shape, data_offsets}}) and where their data starts."""
+    with open(file, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(size)), 8 + size
+
+
+def _half_matrix(file: str, entry: dict, data_start: int):
+    """A 16-bit float matrix as its bits (a QuantizedTensor of qtype F16/BF16: served in 16 bits,
+    model/weights.py), read into its own array: no float32 copy, and no mapping of the file that
+    would keep its pages resident beside it (safe_open's)."""
+    begin, end = entry["data_offsets"]
+    rows, cols = entry["shape"]
+    if end - begin != 2 * rows * cols:
+        raise ValueError(f"{file}: a {entry['dtype']} tensor of shape {entry['shape']} holds {end - begin} bytes")
+    bits = np.fromfile(file, dtype="<u2", count=rows * cols, offset=data_start + begin)
+    return half_tensor(bits.astype(np.uint16, copy=False).reshape(rows, cols), entry["dtype"])
 
 
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}

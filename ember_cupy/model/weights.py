@@ -2,18 +2,23 @@
 
   auto  served as stored: every GGUF type with a host kernel (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
         Q5_K, Q6_K) in its own blocks, a matrix whose parts differ in format (q/k/v, gate/up) as
-        a StackedWeight of its parts; other GGUF types requantized to Q8_0; float tensors stay float;
-  none  everything dequantized to float (the exact reference mode);
+        a StackedWeight of its parts; other GGUF types requantized to Q8_0; 16-bit float matrices
+        (F16/BF16 GGUF tensors, f16/bf16 safetensors) as their 16 bits (a HalfWeight); float32
+        tensors stay float32;
+  none  everything dequantized to float (the exact reference mode), but for 16-bit float matrices
+        on the host: the kernel multiplies their exact values in float32 (no rounding of W or x
+        that fp32 would not have), so they keep their 16 bits here too;
   q8_0  every matrix quantized to Q8_0 (fp16/bf16/fp32 checkpoints too).
 
 Where the host kernels cannot load (no C compiler, a failed build; not EMBER_HOST_KERNELS=0, which keeps the
 twins as written), a host-quantized matrix is dequantized once at load (a DequantizedWeight): the
 NumPy twin computes the same, without dequantizing every matrix on every call, at 4-7x the memory
-(32 bits a weight against the 4.5-8.5 of the blocks).
+(32 bits a weight against the 4.5-8.5 of the blocks); a 16-bit float matrix is widened once to a
+float32 one (NumPy's GEMM: its twin's emulated FMAs would be far slower).
 
 On a device (xp is not NumPy) the CUDA kernels (cuda/matmul_q.cu) serve Q8_0, Q4_0 and Q4_1 as
-stored, on the device; with auto, other GGUF types (and stacks) are dequantized to the device
-dtype instead.
+stored, on the device; with auto, other GGUF types (and stacks, and 16-bit floats) are
+dequantized to the device dtype instead.
 
 A float linear weight is stored [in, out] (`x @ W`), a quantized one [out, in] as GGUF rows.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ember_cupy.half_weight import HalfWeight, is_half
 from ember_cupy.ops import _host
 from ember_cupy.ops.pack import to_kernel_format
 from ember_cupy.packed_weight import DequantizedWeight, PackedWeight, StackedWeight, stack
@@ -40,6 +46,8 @@ def _quantized(tensor: QuantizedTensor | QuantizedStack, quantization: str, xp):
 
 
 def _served_as_float(tensor: QuantizedTensor | QuantizedStack, quantization: str, xp) -> bool:
+    if xp is np and quantization != "q8_0" and is_half(tensor):
+        return _host.unavailable() is not None
     if quantization == "none":
         return True
     on_device_as_float = isinstance(tensor, QuantizedStack) or tensor.qtype not in DEVICE_FORMATS
@@ -70,4 +78,5 @@ def vocab_matrix(weight, quantization: str, put, xp=np):
 
 
 def is_quantized(weight) -> bool:
-    return isinstance(weight, (PackedWeight, StackedWeight, DequantizedWeight, DeviceQuantizedWeight))
+    """Served by ops/linear.py matmul_q: quantized, or 16-bit floats in the host kernel's panels."""
+    return isinstance(weight, (PackedWeight, StackedWeight, HalfWeight, DequantizedWeight, DeviceQuantizedWeight))

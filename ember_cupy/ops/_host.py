@@ -27,6 +27,7 @@ import numpy as np
 from ember_cupy.ops import host_build
 from ember_cupy.ops._sources import kernel_source_dir
 from ember_cupy.ops.host_build import ISA_FLAGS
+from ember_cupy.ops.host_signatures import SIGNATURES
 
 logger = logging.getLogger("ember_cupy.host")
 
@@ -171,34 +172,16 @@ class HostLibrary:
             raise HostKernelError("the kernel refused this process the AMX tile registers (arch_prctl)")
 
     def _declare(self):
-        from ctypes import c_char_p, c_float, c_int, c_int32, c_int64, c_void_p
-        lib = self.lib
-        lib.ember_isa.restype = c_char_p
-        lib.ember_max_threads.restype = c_int
-        lib.ember_amx_ready.restype = c_int
-        lib.ember_set_num_threads.argtypes = [c_int]
-        lib.ember_quantize_q8.argtypes = [c_void_p, c_int64, c_int64, c_int64, c_void_p, c_void_p, c_void_p]
-        lib.ember_quantize_q8.restype = None
-        lib.ember_matmul_q.argtypes = [c_void_p, c_int64, c_int64, c_int64, c_void_p, c_int64, c_int32,
-                                       c_void_p, c_int64, c_int32, c_float]
-        lib.ember_matmul_q.restype = c_int
-        for name, (argtypes, restype) in _EXTRA_SIGNATURES.items():
-            function = getattr(lib, name, None)
+        """Every entry point's ctypes signature (ops/host_signatures.py); a library built before
+        an entry point existed simply lacks it."""
+        for name, (argtypes, restype) in SIGNATURES.items():
+            function = getattr(self.lib, name, None)
             if function is not None:
                 function.argtypes, function.restype = argtypes, restype
 
     def describe(self) -> str:
         built = "prebuilt with the package" if self.prebuilt else compiler()
         return f"host kernels: {self.isa}, {self.threads} thread(s), {built}"
-
-
-# Other kernel families register their ctypes signatures here: name -> (argtypes, restype).
-_EXTRA_SIGNATURES: dict[str, tuple[list, object]] = {}
-
-
-def register_signature(name: str, argtypes: list, restype=None) -> None:
-    _EXTRA_SIGNATURES[name] = (argtypes, restype)
-    load_library.cache_clear()
 
 
 def _usable_cpus() -> int:

@@ -3,16 +3,11 @@ GELU-tanh(gate) * up (Gemma): host kernel (cpu/elementwise.c) and its twin in ar
 also the device path."""
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
 from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops._kernel import array_module, i32, kernel, stride
 
-_ROWS_ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
-_host.register_signature("ember_silu_and_mul", _ROWS_ARGTYPES)
-_host.register_signature("ember_gelu_tanh_and_mul", _ROWS_ARGTYPES)
 
 THREADS = 256
 

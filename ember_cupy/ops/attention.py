@@ -18,7 +18,6 @@ otherwise the NumPy twin `paged_attention_numpy`.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 
 import numpy as np
 
@@ -68,13 +67,6 @@ def _first_visible(position, window: int):
 
 
 # ---- host kernel (cpu/attention.c) -----------------------------------------------------------
-_HOST_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,   # out, q, strides
-                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64,    # caches, f16, blocks
-                  ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,      # bs, Hq, Hk, D
-                  ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,                     # tables
-                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_float,    # lens, qsl, S, scale
-                  ctypes.c_int32]                                                      # window
-_host.register_signature("ember_paged_attention_window", _HOST_ARGTYPES, ctypes.c_int)
 HOST_CACHE_DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
 _HOST_ERRORS = {1: "bad shape", 2: "bad query_start_loc / context_lens", 3: "a block id out of range",
                 4: "out of memory"}
@@ -110,10 +102,7 @@ def paged_attention_host(q, k_cache, v_cache, block_tables, context_lens, query_
                          "within q's tokens and block_tables a row per sequence")
     if not num_tokens:
         return out
-    function = library.lib.ember_paged_attention_window
-    if function.argtypes is None:   # a library loaded before this module registered the signature
-        function.argtypes, function.restype = _HOST_ARGTYPES, ctypes.c_int
-    status = function(
+    status = library.lib.ember_paged_attention_window(
         out.ctypes.data, q.ctypes.data, q.strides[0] // 4, q.strides[1] // 4,
         k_cache.ctypes.data, v_cache.ctypes.data, HOST_CACHE_DTYPES[k_cache.dtype], num_blocks,
         block_size, num_heads, num_kv_heads, head_dim,

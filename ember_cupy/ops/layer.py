@@ -1,7 +1,7 @@
 """A whole Llama-family decoder layer in one host-kernel call (cpu/layer.c), for steps whose weights
-are all packed and whose arrays suit the host kernels: Llama's layer and the other families'
+are all packed (quantized, or 16-bit floats) and whose arrays suit the host kernels: Llama's layer and the other families'
 features (qkv bias, qk_norm, sandwich norms, GELU-tanh MLP, per-layer sliding window and RoPE
-table, attention scale). Its twin is LlamaModel's op-by-op forward: the same kernels called one
+table, attention scale). Its twin is DecoderModel's op-by-op forward: the same kernels called one
 by one from Python (tests/test_fused_layer.py holds them equal)."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import ctypes
 
 import numpy as np
 
+from ember_cupy.half_weight import HalfWeight
 from ember_cupy.ops import _host
 from ember_cupy.ops.attention import HOST_CACHE_DTYPES
 from ember_cupy.ops.linear import weight_parts
@@ -43,7 +44,6 @@ def fused_layer_computes(config) -> bool:
     return config.hidden_act in ACTIVATIONS
 
 
-_host.register_signature("ember_llama_layer", [_P, _P, _P, _P, _I32], ctypes.c_int)
 
 
 def layer_args(layer, k_cache: np.ndarray, v_cache: np.ndarray, window: int = 0,
@@ -55,7 +55,7 @@ def layer_args(layer, k_cache: np.ndarray, v_cache: np.ndarray, window: int = 0,
     if family_norms is None:
         return None
     floats = [layer.attn_norm, layer.ffn_norm] + [a for a in (layer.qkv_bias, *family_norms) if a is not None]
-    if not all(isinstance(m, (PackedWeight, StackedWeight)) for m in matrices) or not _host.rows_f32(*floats):
+    if not all(isinstance(m, (PackedWeight, StackedWeight, HalfWeight)) for m in matrices) or not _host.rows_f32(*floats):
         return None
     if k_cache.dtype not in HOST_CACHE_DTYPES or not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
         return None
@@ -92,7 +92,7 @@ def step_args(config, batch, num_tokens: int, k_cache: np.ndarray, cos_sin: np.n
             (batch.positions, batch.slot_mapping, batch.block_tables, batch.context_lens, batch.query_start_loc)]
     positions, slots, tables, lens, starts = keep
     if len(positions) and (positions.min() < 0 or positions.max() >= min(len(cos_sin), len(local_cos_sin))):
-        raise ValueError("llama_layer: a position outside the cos/sin cache")
+        raise ValueError("decoder_layer: a position outside the cos/sin cache")
     args = StepArgs(
         num_tokens, config.hidden_size, config.intermediate_size, config.num_heads, config.num_kv_heads,
         config.head_dim, activations.passes, 1, HOST_CACHE_DTYPES[k_cache.dtype], k_cache.shape[1], len(lens),
@@ -103,7 +103,7 @@ def step_args(config, batch, num_tokens: int, k_cache: np.ndarray, cos_sin: np.n
     return args, keep
 
 
-def llama_layer(library, weights: LayerWeightsArgs, step: StepArgs, hidden: np.ndarray,
+def decoder_layer(library, weights: LayerWeightsArgs, step: StepArgs, hidden: np.ndarray,
                 residual: np.ndarray | None, first: bool) -> None:
     """In place: hidden <- the layer's output, residual <- the residual stream after it; with
     sandwich norms hidden is the residual stream itself and residual is None."""

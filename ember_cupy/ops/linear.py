@@ -5,6 +5,8 @@ kept in its GGUF blocks.
 - `PackedWeight` / `StackedWeight` (host): the host kernel (cpu/matmul_q.c: x quantized to int8
   blocks once per call, integer dot products against each part in its own format) or its NumPy
   twin `matmul_q_numpy` (fake-quantized x @ dequantized W, the same arithmetic in real numbers);
+- `HalfWeight` (host, a 16-bit float matrix, or a part of a `StackedWeight`): cpu/matmul_16bit.c,
+  x as it is (not quantized) times W widened in registers, or its twin `matmul_16bit_numpy`;
 - `DequantizedWeight` (host, no kernels here): the twin, on W dequantized once at load;
 - `DeviceQuantizedWeight` (CUDA): weight-only, x stays in its float dtype; cuda/matmul_q.cu or its
   NumPy twin `matmul_q_cuda_numpy` (x @ dequantized W^T in fp32).
@@ -22,6 +24,7 @@ import ctypes
 import numpy as np
 
 from ember_cupy.ops import _cuda, _host
+from ember_cupy.half_weight import HalfWeight, matmul_16bit_numpy
 from ember_cupy.ops._kernel import array_module, i32, kernel
 from ember_cupy.packed_weight import DequantizedWeight, PackedWeight, StackedWeight
 from ember_cupy.quant import ONE_PASS, ActivationQuantization, DeviceQuantizedWeight, QuantizedTensor, fake_quantize_activations
@@ -38,21 +41,21 @@ class WeightPart(ctypes.Structure):
     _fields_ = [("w", ctypes.c_void_p), ("rows", ctypes.c_int64), ("wtype", ctypes.c_int32)]
 
 
-def weight_parts(weight: PackedWeight | StackedWeight) -> ctypes.Array:
+def weight_parts(weight: PackedWeight | StackedWeight | HalfWeight) -> ctypes.Array:
     """The kernel's view of a host weight (it points into the weight's arrays: keep both alive)."""
     return (WeightPart * len(weight.parts))(*(WeightPart(p.data.ctypes.data, p.shape[0], p.kernel_type)
                                                for p in weight.parts))
 
 
-_host.register_signature("ember_matmul_parts", [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                                                ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64,
-                                                ctypes.c_int32, ctypes.c_float], ctypes.c_int)
+
+
+HOST_WEIGHTS = (PackedWeight, StackedWeight, HalfWeight, DequantizedWeight)   # what matmul_q takes on the host
 
 
 def linear(x, weight, activations: ActivationQuantization = ONE_PASS, deterministic: bool = False):
     """x [T, in] -> [T, out]; `activations`: how x is quantized for a host-quantized weight;
     `deterministic`: a device-quantized weight's rows computed alike whatever T (matmul_q_cuda)."""
-    if isinstance(weight, (PackedWeight, StackedWeight, DequantizedWeight, DeviceQuantizedWeight)):
+    if isinstance(weight, HOST_WEIGHTS + (DeviceQuantizedWeight,)):
         return matmul_q(x, weight, activations=activations, deterministic=deterministic)
     return float_matmul(x, weight)
 
@@ -88,7 +91,7 @@ def embedding(table, ids, dtype=np.float32):
         if _cuda.wants_kernel(ids):
             return _dequantize_rows_kernel(table, ids, dtype)
         return dequantize_rows_numpy(table, ids, dtype)
-    if isinstance(table, (QuantizedTensor, PackedWeight, DequantizedWeight)):
+    if isinstance(table, (QuantizedTensor, PackedWeight, HalfWeight, DequantizedWeight)):
         return table.dequantize(np.asarray(ids))
     return table[ids]
 
@@ -98,7 +101,8 @@ def matmul_q(x, weight, library=None, activations: ActivationQuantization = ONE_
     """x [M, K] @ weight[N, K]^T -> [M, N].
     PackedWeight: x float32, out float32; host kernel when one is active; x quantized to int8
     blocks as `activations` says (two passes: ~14-bit activations where they matter; a row's
-    result never depends on M, so `deterministic` changes nothing here).
+    result never depends on M, so `deterministic` changes nothing here). HalfWeight (or a
+    StackedWeight's 16-bit part): x as it is, whatever `activations` says.
     DeviceQuantizedWeight: out in x's dtype, or `out_dtype` (float32 for the LM head's logits);
     `deterministic`: the GEMV for every M (matmul_q_cuda)."""
     if isinstance(weight, DeviceQuantizedWeight):
@@ -124,10 +128,15 @@ def matmul_q(x, weight, library=None, activations: ActivationQuantization = ONE_
     return out
 
 
-def matmul_q_numpy(x: np.ndarray, weight: PackedWeight | StackedWeight | DequantizedWeight,
+def matmul_q_numpy(x: np.ndarray, weight: PackedWeight | StackedWeight | HalfWeight | DequantizedWeight,
                    activations: ActivationQuantization = ONE_PASS) -> np.ndarray:
-    """The NumPy twin of the host kernel: the int8 activation blocks, and W as its blocks say."""
+    """The NumPy twin of the host kernel: the int8 activation blocks, and W as its blocks say
+    (a 16-bit part: matmul_16bit_numpy, x as it is)."""
     _check(x, weight)
+    parts = getattr(weight, "parts", ())
+    if any(isinstance(part, HalfWeight) for part in parts):
+        return np.concatenate([matmul_16bit_numpy(x, part) if isinstance(part, HalfWeight) else
+                               matmul_q_numpy(x, part, activations) for part in parts], axis=1)
     x = fake_quantize_activations(np.asarray(x, dtype=np.float32), activations)
     return float_matmul(x, np.ascontiguousarray(weight.dequantize().T)).astype(np.float32)
 
@@ -215,10 +224,10 @@ def _check_device(x, weight: DeviceQuantizedWeight) -> None:
         raise ValueError(f"matmul_q: x {x.shape} does not match weight {weight.shape}")
 
 
-def _check(x, weight: PackedWeight | StackedWeight | DequantizedWeight) -> None:
-    if not isinstance(weight, (PackedWeight, StackedWeight, DequantizedWeight)):
-        raise ValueError(f"matmul_q needs a PackedWeight (packed_weight.to_kernel_format), a StackedWeight "
-                         f"or a DequantizedWeight, got {type(weight).__name__}")
+def _check(x, weight: PackedWeight | StackedWeight | HalfWeight | DequantizedWeight) -> None:
+    if not isinstance(weight, HOST_WEIGHTS):
+        raise ValueError(f"matmul_q needs a PackedWeight (ops/pack.py to_kernel_format), a StackedWeight, "
+                         f"a HalfWeight or a DequantizedWeight, got {type(weight).__name__}")
     if x.ndim != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"matmul_q: x {x.shape} does not match weight {weight.shape}")
     if not isinstance(weight, DequantizedWeight) and not all(p.data.flags.c_contiguous for p in weight.parts):

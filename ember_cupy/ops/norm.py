@@ -2,16 +2,11 @@
 launches of cuda/norm.cu."""
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
 from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops._kernel import array_module, i32, kernel, stride
 
-_P, _I64, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-_host.register_signature("ember_rms_norm", [_P, _I64, _P, _P, _I64, _I64, _I64, _F])
-_host.register_signature("ember_fused_add_rms_norm", [_P, _I64, _P, _I64, _P, _I64, _I64, _F])
 
 THREADS = 256
 

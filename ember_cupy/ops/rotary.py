@@ -6,7 +6,6 @@ Two layouts of the rotated pairs within a head of size D:
 """
 from __future__ import annotations
 
-import ctypes
 import math
 
 import numpy as np
@@ -14,8 +13,6 @@ import numpy as np
 from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops._kernel import array_module, i32, int32_array, kernel, stride
 
-_P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
-_host.register_signature("ember_rope", [_P, _I64, _I64, _I32, _P, _I64, _I64, _I32, _I32, _P, _P, _I32, _I64])
 
 THREADS = 128
 

@@ -22,8 +22,9 @@ from ember_cupy.outputs import RequestOutput
 from ember_cupy.ray_serve.replica import ADMISSION_ERRORS, ADMITTED, REFUSED
 from ember_cupy.ray_serve.routing_key import RoutingKeys
 from ember_cupy.sampling_params import SamplingParams
-from ember_cupy.server.async_engine import SMALL_TEXT_CHARS, EngineDeadError, EngineState, RequestStream
+from ember_cupy.server.async_engine import SMALL_TEXT_CHARS, EngineDeadError, EngineState
 from ember_cupy.server.prepare_workers import DEFAULT_PREPARE_TIMEOUT, PrepareWorkers
+from ember_cupy.server.request_stream import RequestStream
 
 log = logging.getLogger("ember_cupy.ray_serve")
 
@@ -104,7 +105,7 @@ class RemoteEngine:
             raise
         self._model_info = info["model_info"]
         self.max_model_len = self._model_info.max_model_len
-        self.keys = RoutingKeys(self.tokenizer, self._model_info.block_size)
+        self.keys = RoutingKeys(self._model_info.block_size)
         self.state = EngineState.READY
 
     async def shutdown(self, drain_timeout: float = 0.0) -> None:
@@ -131,17 +132,21 @@ class RemoteEngine:
         workers = self._large_text if work_chars > SMALL_TEXT_CHARS else self._small_text
         return await workers.run(lambda _abandoned: fn(*args, **kwargs), self.prepare_timeout)
 
-    async def tokenize(self, text: str) -> list[int]:
-        return await self.off_loop(self.tokenizer.encode, text, work_chars=len(text))
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return await self.off_loop(self.tokenizer.encode, text, add_special_tokens=add_special_tokens,
+                                   work_chars=len(text))
 
     async def add_request(self, prompt, params: SamplingParams | None = None, *, request_id: str,
                           priority: int = 0, cache_salt: str | None = None,
-                          prompt_token_ids: list[int] | None = None, prompt_index: int = 0) -> RemoteStream:
+                          prompt_token_ids: list[int] | None = None, prompt_index: int = 0,
+                          add_special_tokens: bool = True) -> RemoteStream:
         """Admit on a replica; raises what AsyncEngine.add_request raises (ValueError, overloaded,
-        timed out, not ready, dead), so the HTTP layer answers exactly as `ember-cupy serve` does."""
-        ids = prompt_token_ids if isinstance(prompt, str) and prompt_token_ids is not None else prompt
-        routing_key = await self.off_loop(self.keys.of, ids, cache_salt,
-                                          work_chars=len(ids) if isinstance(ids, str) else 0)
+        timed out, not ready, dead), so the HTTP layer answers exactly as `ember-cupy serve` does.
+        A string prompt is tokenized here once (for the routing key) and its ids travel with it."""
+        if isinstance(prompt, str) and prompt_token_ids is None:
+            prompt_token_ids = await self.tokenize(prompt, add_special_tokens)
+        ids = prompt_token_ids if isinstance(prompt, str) else prompt
+        routing_key = await self.off_loop(self.keys.of, ids, cache_salt)
         params = params or SamplingParams()
         for attempt in range(self.admission_retries + 1):
             responses = self.handle.options(stream=True).generate.remote(

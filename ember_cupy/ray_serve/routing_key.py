@@ -14,18 +14,14 @@ from ember_cupy.engine.block_manager import BlockManager
 class RoutingKeys:
     """block_size-token chain hashes of a prompt, with the engine's hash function."""
 
-    def __init__(self, tokenizer, block_size: int):
-        self.tokenizer = tokenizer
+    def __init__(self, block_size: int):
         self.block_size = block_size
         self._hash_block = BlockManager(num_blocks=1, block_size=block_size).hash_block
 
-    def token_ids(self, prompt) -> list[int]:
-        return list(prompt) if not isinstance(prompt, str) else self.tokenizer.encode(prompt)
-
-    def of(self, prompt, cache_salt: str | None) -> tuple[bytes, ...]:
-        """The chain hashes of prompt's full blocks (a 16-byte prefix of each: ample for routing,
-        which is only a guess; the engine confirms hits on whole digests and tokens)."""
-        ids = self.token_ids(prompt)
+    def of(self, token_ids, cache_salt: str | None) -> tuple[bytes, ...]:
+        """The chain hashes of a prompt's full blocks of token ids (a 16-byte prefix of each: ample
+        for routing, which is only a guess; the engine confirms hits on whole digests and tokens)."""
+        ids = list(token_ids)
         hashes, parent = [], None
         for start in range(0, len(ids) - self.block_size + 1, self.block_size):
             parent = self._hash_block(parent, ids[start:start + self.block_size], cache_salt)

@@ -190,8 +190,8 @@ class _Handlers:
                 text = await self.engine.off_loop(tool_calls.render_chat, tokenizer, messages, tool_spec(body),
                                                   add_generation_prompt=body.add_generation_prompt,
                                                   work_chars=text_chars(messages), **(body.chat_template_kwargs or {}))
-            tokens = await self.engine.off_loop(tokenizer.encode, text, add_special_tokens=body.add_special_tokens,
-                                                work_chars=len(text))
+            add_special_tokens = body.prompt is not None if body.add_special_tokens is None else body.add_special_tokens
+            tokens = await self.engine.tokenize(text, add_special_tokens)
         except ValueError as exc:
             raise bad_request(str(exc), param=field) from None
         except (EngineOverloadedError, PrepareTimeoutError) as exc:

@@ -6,10 +6,10 @@ a worker thread, so the event loop keeps serving while the model computes, and h
 request's outputs to that request's own stream. LLMEngine is not thread-safe: nothing but this
 loop touches it once it is running.
 
-Streams carry deltas (OutputKind.DELTA): each step adds only its new text, tokens and logprobs,
-and a reader that falls behind finds them merged into one output, so what a request buffers is
-at most what its reader has not read yet. A reader that leaves an output unread for longer than
+A request's outputs reach its caller through a RequestStream (server/request_stream.py), as
+deltas merged while unread. A reader that leaves an output unread for longer than
 stream_stall_timeout seconds has its request aborted (its KV blocks freed) and its backlog dropped.
+Each request's metrics and access-log counts are a RequestTracker's (server/request_tracker.py).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ember_cupy.engine_client import ModelInfo, model_info_of
 from ember_cupy.engine.pooling import PoolingParams
-from ember_cupy.outputs import DeltaAccumulator, OutputKind, RequestOutput
+from ember_cupy.outputs import OutputKind, RequestOutput
 from ember_cupy.sampling_params import SamplingParams
 from ember_cupy.server.access_log import RequestUsage, current_usage
 from ember_cupy.server.errors import one_line
@@ -36,6 +36,8 @@ from ember_cupy.server.prepare_workers import (  # noqa: F401 (PrepareTimeoutErr
     PrepareTimeoutError,
     PrepareWorkers,
 )
+from ember_cupy.server.request_stream import RequestStream
+from ember_cupy.server.request_tracker import RequestTracker
 
 log = logging.getLogger("ember_cupy.server")
 
@@ -67,86 +69,6 @@ class EngineDeadError(RuntimeError):
 
 class EngineOverloadedError(RuntimeError):
     """The waiting queue is full (max_waiting)."""
-
-
-class RequestStream:
-    """The delta outputs of one request, in order; those its reader has not taken yet are
-    merged into one. Iterate it (or await final()); close() aborts it if unfinished."""
-
-    def __init__(self, request_id: str, engine: AsyncEngine):
-        self.request_id = request_id
-        self._engine = engine
-        self._backlog = DeltaAccumulator()
-        self._error: BaseException | None = None
-        self._ready = asyncio.Event()
-        self._unread_since: float | None = None   # when the oldest unread output came
-        self.finished = False
-
-    def _put(self, item: RequestOutput | BaseException) -> None:
-        if isinstance(item, BaseException):
-            self._error = item
-        else:
-            if not self._backlog:
-                self._unread_since = time.monotonic()
-            self._backlog.add(item)
-        self._ready.set()
-
-    def _drop_backlog(self) -> None:
-        self._backlog = DeltaAccumulator()
-        self._unread_since = None
-
-    def unread_for(self, now: float) -> float:
-        """Seconds the oldest unread output has waited for the reader (0 when none waits)."""
-        return 0.0 if self._unread_since is None else now - self._unread_since
-
-    @property
-    def backlog_size(self) -> tuple[int, int]:
-        """(characters, token ids) received and not read yet."""
-        return self._backlog.num_chars, self._backlog.num_token_ids
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self.finished:
-            raise StopAsyncIteration
-        while not self._backlog and self._error is None:
-            self._ready.clear()
-            await self._ready.wait()
-        output = self._backlog.take()
-        self._unread_since = None
-        if output is None:
-            self.finished = True
-            raise self._error
-        self.finished = output.finished
-        return output
-
-    async def final(self) -> RequestOutput:
-        """The whole answer: every delta merged, once the request has finished."""
-        whole = DeltaAccumulator()
-        async for output in self:
-            whole.add(output)
-        return whole.take()
-
-    def close(self) -> None:
-        """Abort the request unless it already finished (a disconnected client, a cancel)."""
-        if not self.finished:
-            self.finished = True
-            self._engine.abort(self.request_id)
-
-
-class _Tracker:
-    """Per-request timing and token counts for the metrics and the HTTP access log."""
-    __slots__ = ("arrival", "params", "usage", "last_token", "prompt_counted", "generated", "generated_by_index")
-
-    def __init__(self, arrival: float, params: SamplingParams | PoolingParams, usage: RequestUsage | None):
-        self.arrival = arrival
-        self.params = params
-        self.usage = usage          # the HTTP request's token counts (access_log), if any
-        self.last_token: dict[int, float] = {}
-        self.prompt_counted = False
-        self.generated = 0
-        self.generated_by_index: dict[int, int] = {}   # completion index -> its tokens (n > 1)
 
 
 # What the event loop asks of the engine loop, applied between two steps.
@@ -197,7 +119,7 @@ class AsyncEngine:
         self._model_info: ModelInfo | None = None
         self._ops: deque[_Add | _Abort | _Stop] = deque()
         self._streams: dict[str, RequestStream] = {}
-        self._trackers: dict[str, _Tracker] = {}
+        self._trackers: dict[str, RequestTracker] = {}
         self._num_waiting = 0    # snapshots of the scheduler's queues, taken between steps
         self._num_slots_used = 0   # running sequences + forks reserved by running parents (n > 1)
         self._wake: asyncio.Event | None = None
@@ -285,9 +207,11 @@ class AsyncEngine:
         workers = self._large_text if work_chars > SMALL_TEXT_CHARS else self._small_text
         return await self._prepare(workers, lambda _abandoned: fn(*args, **kwargs))
 
-    async def tokenize(self, text: str) -> list[int]:
-        """A prompt's token ids, as add_request would tokenize it (off the loop, as off_loop)."""
-        return await self.off_loop(self.engine.tokenizer.encode, text, work_chars=len(text))
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """A prompt's token ids, as add_request would tokenize it (off the loop, as off_loop);
+        add_special_tokens=False for a rendered chat prompt."""
+        return await self.off_loop(self.engine.tokenizer.encode, text, add_special_tokens=add_special_tokens,
+                                   work_chars=len(text))
 
     async def _prepare(self, workers: PrepareWorkers, job: Callable[[threading.Event], object]):
         """job(abandoned) on workers; a caller that gives up (timeout, cancel) abandons it."""
@@ -329,9 +253,11 @@ class AsyncEngine:
 
     async def add_request(self, prompt: str | list[int], params: SamplingParams | PoolingParams | None = None, *,
                           request_id: str | None = None, priority: int = 0, cache_salt: str | None = None,
-                          prompt_token_ids: list[int] | None = None, prompt_index: int = 0) -> RequestStream:
+                          prompt_token_ids: list[int] | None = None, prompt_index: int = 0,
+                          add_special_tokens: bool = True) -> RequestStream:
         """Queue a request; returns its stream once the engine has admitted it.
-        prompt_token_ids: a string prompt's tokens, as tokenize() gave them (not tokenized again).
+        prompt_token_ids: a string prompt's tokens, as tokenize() gave them (not tokenized again);
+        without them add_special_tokens says how it is tokenized (False for a rendered chat prompt).
         prompt_index: its place among the prompts of one HTTP request (the scheduler serves every
         request's first prompt before any request's second).
 
@@ -346,7 +272,7 @@ class AsyncEngine:
         arrival = time.monotonic()
         token_ids = prompt_token_ids if isinstance(prompt, str) else None
         if isinstance(prompt, str) and token_ids is None:
-            token_ids = await self.tokenize(prompt)
+            token_ids = await self.tokenize(prompt, add_special_tokens)
         constraint = getattr(params, "structured_outputs", None)
         if constraint is not None:   # compiled off the loop: admission finds it cached
             await self._prepare(self._grammar, lambda abandoned: self.engine.grammars.compile(constraint, abandoned))
@@ -428,7 +354,7 @@ class AsyncEngine:
             add.admitted.set_exception(exc)
             return
         self._streams[add.request_id] = add.stream
-        self._trackers[add.request_id] = _Tracker(add.arrival, add.params, add.usage)
+        self._trackers[add.request_id] = RequestTracker(add.arrival, add.params, add.usage, self.metrics)
         add.admitted.set_result(None)
 
     def _apply_abort(self, request_id: str) -> None:
@@ -437,8 +363,8 @@ class AsyncEngine:
         tracker = self._trackers.pop(request_id, None)
         if output is None:
             return
-        if self.metrics and tracker:
-            self.metrics.request_finished("abort")
+        if tracker:
+            tracker.aborted()
         if stream is not None and not stream.finished:
             stream._put(output)  # a server-side abort (shutdown): the reader sees finish_reason "abort"
 
@@ -447,12 +373,7 @@ class AsyncEngine:
         for output in outputs:
             tracker = self._trackers.get(output.request_id)
             if tracker:
-                first = not tracker.prompt_counted
-                tracker.prompt_counted = True
-                if tracker.usage is not None:
-                    _count_usage(output, tracker.usage, first)
-                if self.metrics:
-                    self._observe(output, tracker, now, first)
+                tracker.observe(output, now)
             stream = self._streams.get(output.request_id)
             if output.finished:
                 self._streams.pop(output.request_id, None)
@@ -469,38 +390,6 @@ class AsyncEngine:
                     stream.request_id, stream.unread_for(time.monotonic()))
         stream._drop_backlog()
         self._apply_abort(stream.request_id)
-
-    def _observe(self, output: RequestOutput, tracker: _Tracker, now: float, first: bool) -> None:
-        m = self.metrics
-        if first:
-            m.prompt_tokens.inc(len(output.prompt_token_ids))
-        for completion in output.outputs:
-            new = len(completion.delta_token_ids)
-            if not new:
-                continue
-            tracker.generated += new
-            tracker.generated_by_index[completion.index] = tracker.generated_by_index.get(completion.index, 0) + new
-            m.generation_tokens.inc(new)
-            last = tracker.last_token.get(completion.index)
-            if last is None:
-                if completion.index == 0:
-                    m.time_to_first_token.observe(now - tracker.arrival)
-                new -= 1
-                last = tracker.arrival if completion.index == 0 else now
-            if new > 0:
-                for _ in range(new):
-                    m.inter_token_latency.observe((now - last) / new)
-            tracker.last_token[completion.index] = now
-        if output.finished:
-            m.e2e_request_latency.observe(now - tracker.arrival)
-            if output.metrics is not None:
-                m.request_timings(output.metrics)
-            if isinstance(tracker.params, SamplingParams):
-                m.request_params(tracker.params)
-            m.request_prompt_tokens.observe(len(output.prompt_token_ids))
-            m.request_generation_tokens.observe(tracker.generated)
-            m.request_max_num_generation_tokens.observe(max(tracker.generated_by_index.values(), default=0))
-            m.request_finished(_finish_reason(output, tracker.params))
 
     def _refresh_metrics(self) -> None:
         """Snapshot the queues for admission and update the gauges. Runs between steps on the
@@ -528,17 +417,3 @@ class AsyncEngine:
             op = self._ops.popleft()
             if isinstance(op, _Add) and not op.admitted.done():
                 op.admitted.set_exception(error)
-
-
-def _count_usage(output: RequestOutput, usage: RequestUsage, first: bool) -> None:
-    """Add an output's tokens to its HTTP request's counts (the prompt once, on its first output)."""
-    if first:
-        usage.prompt_tokens += len(output.prompt_token_ids)
-    usage.completion_tokens += sum(len(c.delta_token_ids) for c in output.outputs)
-
-
-def _finish_reason(output: RequestOutput, params) -> str | None:
-    """The request's finish reason for the metrics: a pooling request ends as vLLM v1 ends one ("stop")."""
-    if output.outputs:
-        return output.outputs[0].finish_reason
-    return "stop" if isinstance(params, PoolingParams) else None

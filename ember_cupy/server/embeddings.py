@@ -11,7 +11,8 @@ import numpy as np
 from aiohttp import web
 
 from ember_cupy.engine.pooling import PoolingParams
-from ember_cupy.server.async_engine import EngineDeadError, EngineNotReadyError, RequestStream
+from ember_cupy.server.async_engine import EngineDeadError, EngineNotReadyError
+from ember_cupy.server.request_stream import RequestStream
 from ember_cupy.server.errors import APIError, from_value_error
 from ember_cupy.server.protocol import validate
 from ember_cupy.server.protocol.embeddings import EmbeddingRequest
@@ -31,7 +32,7 @@ class EmbeddingsServing:
         req = validate(EmbeddingRequest, body, self.engine.tokenizer.vocab_size)
         serving.check_model(req.model)
         self._check_dimensions(req.dimensions)
-        token_ids = await serving.tokenize_prompts(req.input, "input")
+        token_ids = await serving.tokenize_prompts(req.input, "input", add_special_tokens=True)
         streams = await self._admit(req.input, token_ids)
         try:
             finals = await asyncio.gather(*[stream.final() for stream in streams])

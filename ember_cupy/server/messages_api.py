@@ -14,11 +14,12 @@ from aiohttp import web
 from ember_cupy import tool_calls
 from ember_cupy.server import anthropic_errors
 from ember_cupy.server import messages_chat as M
-from ember_cupy.server.async_engine import EngineDeadError, EngineNotReadyError, RequestStream
+from ember_cupy.server.async_engine import EngineDeadError, EngineNotReadyError
 from ember_cupy.server.errors import APIError
 from ember_cupy.server.messages_stream import CONSTRAINT_FAILED, MessageEvents
 from ember_cupy.server.protocol import validate
 from ember_cupy.server.protocol.anthropic import CountTokensRequest, MessagesRequest
+from ember_cupy.server.request_stream import RequestStream
 from ember_cupy.server.serving import OpenAIServing, engine_error
 from ember_cupy.server.validation import read_json_body
 
@@ -34,13 +35,13 @@ class MessagesServing:
     async def count_tokens(self, request: web.Request) -> web.Response:
         req = validate(CountTokensRequest, await read_json_body(request))
         _, prompt, _ = await self.serving.prepare_chat(M.chat_body(req))
-        token_ids = await self.serving.tokenize_prompts([prompt], "messages")
+        token_ids = await self.serving.tokenize_prompts([prompt], "messages", add_special_tokens=False)
         return web.json_response({"input_tokens": len(token_ids[0])})
 
     async def create(self, request: web.Request) -> web.StreamResponse:
         req = validate(MessagesRequest, await read_json_body(request))
         chat, prompt, tools = await self.serving.prepare_chat(M.chat_body(req))
-        token_ids = (await self.serving.tokenize_prompts([prompt], "messages"))[0]
+        token_ids = (await self.serving.tokenize_prompts([prompt], "messages", add_special_tokens=False))[0]
         reply = _Reply(self.serving, M.new_message_id(), req.model, prompt, tools)
         try:
             stream = await self.serving.engine.add_request(prompt, chat.params, request_id=reply.id,

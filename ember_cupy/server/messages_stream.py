@@ -17,7 +17,7 @@ from ember_cupy import tool_calls
 from ember_cupy.reasoning import ReasoningStream
 from ember_cupy.server import messages_chat as M
 from ember_cupy.server.output_parsers import OutputParsers
-from ember_cupy.server.responses import UsageCounter
+from ember_cupy.server.completion_bodies import UsageCounter
 
 # finish_reason "error": the output constraint failed mid-way
 CONSTRAINT_FAILED = "the output constraint failed during generation (a limit of the grammar engine)"

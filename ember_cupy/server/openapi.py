@@ -12,7 +12,7 @@ from ember_cupy.server.middleware import PROTECTED_PREFIXES
 from ember_cupy.server.protocol import anthropic as AN
 from ember_cupy.server.protocol import embeddings as E
 from ember_cupy.server.protocol import requests as Q
-from ember_cupy.server.protocol import responses as A
+from ember_cupy.server.protocol import replies as A
 from ember_cupy.server.protocol import responses_api as RA
 
 REF = "#/components/schemas/{model}"

@@ -16,8 +16,8 @@ from aiohttp import web
 
 from ember_cupy import tool_calls
 from ember_cupy.reasoning import ReasoningStream, split_reasoning
-from ember_cupy.server import responses as R
-from ember_cupy.server.async_engine import EngineDeadError, EngineNotReadyError, RequestStream
+from ember_cupy.server import completion_bodies as R
+from ember_cupy.server.async_engine import EngineDeadError, EngineNotReadyError
 from ember_cupy.server.errors import APIError
 from ember_cupy.server.protocol import validate
 from ember_cupy.server.protocol.responses_api import (
@@ -26,6 +26,7 @@ from ember_cupy.server.protocol.responses_api import (
     ResponsesRequest,
 )
 from ember_cupy.server.response_store import ResponseStore
+from ember_cupy.server.request_stream import RequestStream
 from ember_cupy.server.serving import OpenAIServing, engine_error
 from ember_cupy.server.validation import read_json_body
 
@@ -45,7 +46,7 @@ class ResponsesServing:
         messages = history + conversation(req.input)
         try:
             chat, prompt, tools = await self.serving.prepare_chat(chat_body(req, messages))
-            token_ids = await self.serving.tokenize_prompts([prompt], "input")
+            token_ids = await self.serving.tokenize_prompts([prompt], "input", add_special_tokens=False)
         except APIError as exc:
             exc.param = _responses_param(exc.param)
             raise

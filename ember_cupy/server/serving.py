@@ -12,20 +12,20 @@ from aiohttp import web
 
 from ember_cupy import tool_calls
 from ember_cupy.sampling_params import MAX_LOGPROBS
-from ember_cupy.server import responses as R
+from ember_cupy.server import completion_bodies as R
 from ember_cupy.server.async_engine import (
     AsyncEngine,
     EngineDeadError,
     EngineNotReadyError,
     EngineOverloadedError,
     PrepareTimeoutError,
-    RequestStream,
 )
 from ember_cupy.server.errors import APIError, from_value_error
 from ember_cupy.server.logprob_limits import check_logprob_entries
 from ember_cupy.server.protocol import GenerationRequest, parse_chat, parse_completion, with_sampling_defaults
 from ember_cupy.server.output_parsers import ChatDeltas, OutputParsers
 from ember_cupy.server.protocol.constraints import tool_spec
+from ember_cupy.server.request_stream import RequestStream
 from ember_cupy.server.validation import read_json_body
 
 log = logging.getLogger("ember_cupy.server")
@@ -124,13 +124,15 @@ class OpenAIServing:
                                 f"(--policy priority); it runs with '{policy}'", param="priority",
                            code="unsupported_parameter")
 
-    async def tokenize_prompts(self, prompts: list, param: str) -> list[list[int]]:
+    async def tokenize_prompts(self, prompts: list, param: str, *, add_special_tokens: bool) -> list[list[int]]:
         """Each prompt's token ids (a string tokenized off the loop; token ids as they are), refused
-        with a 400 naming `param` when all together they exceed max_prompt_tokens."""
+        with a 400 naming `param` when all together they exceed max_prompt_tokens.
+        add_special_tokens: False for a prompt the chat template rendered (it wrote them)."""
         token_ids = []
         for index, prompt in enumerate(prompts):
             try:
-                token_ids.append(await self.engine.tokenize(prompt) if isinstance(prompt, str) else prompt)
+                token_ids.append(await self.engine.tokenize(prompt, add_special_tokens)
+                                 if isinstance(prompt, str) else prompt)
             except ValueError as exc:
                 error = from_value_error(exc, param=param)
                 if len(prompts) > 1:
@@ -152,13 +154,13 @@ class OpenAIServing:
         req = parse_completion(body, self.engine.tokenizer.vocab_size)
         self.check_request(req)
         req.params = dataclasses.replace(req.params, structured_outputs=req.constraint)
-        token_ids = await self.tokenize_prompts(req.prompts, "prompt")
+        token_ids = await self.tokenize_prompts(req.prompts, "prompt", add_special_tokens=True)
         check_logprob_entries(req, [len(ids) for ids in token_ids], self.engine.max_model_len)
         return await self._generate(request, req, req.prompts, token_ids)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         req, prompt, tools = await self.prepare_chat(await read_json_body(request))
-        token_ids = await self.tokenize_prompts([prompt], "messages")
+        token_ids = await self.tokenize_prompts([prompt], "messages", add_special_tokens=False)
         check_logprob_entries(req, [len(token_ids[0])], self.engine.max_model_len)
         return await self._generate(request, req, [prompt], token_ids, tools)
 

@@ -8,8 +8,6 @@ NumPy twin where no host kernel is active.
 """
 from __future__ import annotations
 
-import ctypes
-
 import llguidance
 import llguidance.numpy as llg_numpy
 import numpy as np
@@ -17,8 +15,6 @@ import numpy as np
 from ember_cupy.ops import _cuda, _host
 
 _THREADS = 256
-_P, _I64 = ctypes.c_void_p, ctypes.c_int64
-_host.register_signature("ember_apply_token_bitmask", [_P, _I64, _I64, _I64, _P, _I64, _P, _I64], ctypes.c_int)
 _executor: llguidance.LLExecutor | None = None
 
 
@@ -34,6 +30,18 @@ def fill_bitmasks(constraints: list, vocab_size: int) -> np.ndarray:
     llg_numpy.fill_next_token_bitmask_par(_executor, [(c.matcher, i) for i, c in enumerate(constraints)],
                                           bitmask)
     return bitmask
+
+
+def grammar_bitmasks(seqs: list, vocab_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(bitmask, rows) of the sampling rows whose sequence is under a grammar, or None: what the
+    sampler masks. Each matcher is first synced with its sequence's output (a preempted or forked
+    sequence's matcher may lag it); the tokens sampled are accepted in Scheduler.update."""
+    rows = [i for i, seq in enumerate(seqs) if seq.constraint is not None]
+    if not rows:
+        return None
+    for i in rows:
+        seqs[i].constraint.sync(seqs[i].output_token_ids)
+    return fill_bitmasks([seqs[i].constraint for i in rows], vocab_size), np.asarray(rows, dtype=np.int32)
 
 
 def apply_token_bitmask(logits, bitmask: np.ndarray, rows: np.ndarray) -> None:

@@ -15,15 +15,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from ember_cupy.checks import require
+
+
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 OPTIONS = ("disable_additional_properties",)
 MAX_SPEC_CHARS = 1 << 20   # a schema, regex or grammar larger than 1 MiB of text is refused
 ANY_OBJECT_SCHEMA = {"type": "object"}
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
 
 
 @dataclass(frozen=True)
@@ -37,38 +35,38 @@ class StructuredOutputsParams:
 
     def __post_init__(self):
         given = [k for k in KINDS if getattr(self, k) not in (None, False)]
-        _require(len(given) == 1, "structured_outputs must set exactly one of "
-                 f"{', '.join(KINDS)}; got {', '.join(given) if given else 'none'}")
+        require(len(given) == 1, "structured_outputs must set exactly one of "
+                f"{', '.join(KINDS)}; got {', '.join(given) if given else 'none'}")
         if self.json is not None:
             object.__setattr__(self, "json", _schema(self.json))
         if self.regex is not None:
-            _require(isinstance(self.regex, str) and self.regex != "",
-                     "structured_outputs.regex must be a non-empty string")
+            require(isinstance(self.regex, str) and self.regex != "",
+                    "structured_outputs.regex must be a non-empty string")
         if self.grammar is not None:
-            _require(isinstance(self.grammar, str) and self.grammar.strip() != "",
-                     "structured_outputs.grammar must be a non-empty string")
+            require(isinstance(self.grammar, str) and self.grammar.strip() != "",
+                    "structured_outputs.grammar must be a non-empty string")
         if self.choice is not None:
             choice = self.choice
-            _require(isinstance(choice, (list, tuple)) and len(choice) > 0
-                     and all(isinstance(c, str) and c for c in choice),
-                     "structured_outputs.choice must be a non-empty list of non-empty strings")
+            require(isinstance(choice, (list, tuple)) and len(choice) > 0
+                    and all(isinstance(c, str) and c for c in choice),
+                    "structured_outputs.choice must be a non-empty list of non-empty strings")
             object.__setattr__(self, "choice", tuple(choice))
-        _require(self.json_object in (True, False), "structured_outputs.json_object must be a boolean")
-        _require(self.disable_additional_properties in (True, False),
-                 "structured_outputs.disable_additional_properties must be a boolean")
-        _require(len(self.spec) <= MAX_SPEC_CHARS,
-                 f"structured_outputs.{self.kind} is longer than {MAX_SPEC_CHARS} characters")
+        require(self.json_object in (True, False), "structured_outputs.json_object must be a boolean")
+        require(self.disable_additional_properties in (True, False),
+                "structured_outputs.disable_additional_properties must be a boolean")
+        require(len(self.spec) <= MAX_SPEC_CHARS,
+                f"structured_outputs.{self.kind} is longer than {MAX_SPEC_CHARS} characters")
 
     @classmethod
     def from_value(cls, value) -> "StructuredOutputsParams | None":
         """None, an instance, or a dict of its fields (as in a request body)."""
         if value is None or isinstance(value, cls):
             return value
-        _require(isinstance(value, dict), "structured_outputs must be an object with one of "
-                 f"{', '.join(KINDS)}")
+        require(isinstance(value, dict), "structured_outputs must be an object with one of "
+                f"{', '.join(KINDS)}")
         unknown = sorted(set(value) - set(KINDS) - set(OPTIONS))
-        _require(not unknown, "structured_outputs has unknown field(s) "
-                 f"{unknown}; allowed: {', '.join(KINDS + OPTIONS)}")
+        require(not unknown, "structured_outputs has unknown field(s) "
+                f"{unknown}; allowed: {', '.join(KINDS + OPTIONS)}")
         return cls(**value)
 
     @property
@@ -105,8 +103,8 @@ def _schema(value) -> dict | bool:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
             raise ValueError(f"structured_outputs.json is not valid JSON: {exc}") from None
-    _require(isinstance(value, (dict, bool)),
-             "structured_outputs.json must be a JSON schema (an object or a boolean)")
+    require(isinstance(value, (dict, bool)),
+            "structured_outputs.json must be a JSON schema (an object or a boolean)")
     try:
         json.dumps(value)
     except (TypeError, ValueError) as exc:

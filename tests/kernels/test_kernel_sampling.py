@@ -65,9 +65,10 @@ def test_sampler_masks_through_the_kernel(checkpoint):
                          constraint=compiler.new_constraint(constraint) if i != 1 else None)
                 for i, t in enumerate((0.0, 1.0, 1.0))]
         sampler = Sampler(checkpoint.config.eos_token_ids)
+        grammar = B.grammar_bitmasks(seqs, vocab)
         if kernel:
-            return on_kernel(sampler, logits.copy(), seqs).token_ids
-        return sampler(logits.copy(), seqs).token_ids
+            return on_kernel(sampler, logits.copy(), seqs, grammar).token_ids
+        return sampler(logits.copy(), seqs, grammar).token_ids
 
     want = run(kernel=False)
     assert run(kernel=True) == want
@@ -101,10 +102,11 @@ def test_sampler_device_branch_with_standin_cupy(checkpoint):
         seqs = [Sequence(str(i), prompt, SamplingParams(**s), 8, constraint=compiler.new_constraint(digits) if i != 1 else None)
                 for i, s in enumerate(sampling)]
         sampler = Sampler(checkpoint.config.eos_token_ids)
+        grammar = B.grammar_bitmasks(seqs, vocab)
         if not device:
-            return sampler(logits.copy(), seqs)
+            return sampler(logits.copy(), seqs, grammar)
         with standin_cupy.installed() as cupy:
-            return sampler(cupy.asarray(logits), seqs)
+            return sampler(cupy.asarray(logits), seqs, grammar)
 
     for name, sampling in batches.items():
         host, device = run(sampling, False), run(sampling, True)

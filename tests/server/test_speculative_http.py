@@ -1,14 +1,16 @@
 """Issue 27 through HTTP: a server started with a speculative config replies as the plain one,
-counts vLLM's spec_decode_* series, and honours a request's `"speculative": false`."""
+counts vLLM's spec_decode_* series, and honours a request's `"speculative": false`; with prompt
+lookup, and with a draft model (the default model drafting for itself)."""
 from __future__ import annotations
 
 import json
 
 import pytest
 from server_helpers import MODEL, http, metric
-from step_cost_stand_ins import FreeVerification
+from step_cost_stand_ins import FreeDrafting, FreeVerification
 
 from ember_cupy.engine.llm_engine import LLMEngine
+from ember_cupy.model.loader import default_model_path
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
 TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat by the door."
@@ -19,6 +21,12 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 def _always_speculating(checkpoint, config):
     engine = LLMEngine(checkpoint, config)
     engine.speculator.costs = FreeVerification()
+    return engine
+
+
+def _always_drafting(checkpoint, config):
+    engine = _always_speculating(checkpoint, config)
+    engine.speculator.proposer.costs = FreeDrafting()
     return engine
 
 
@@ -53,3 +61,14 @@ def test_a_request_opts_out_with_speculative_false(spec_url):
     assert metric(spec_url, DRAFTS) == before
     status, reply = _complete(spec_url, speculative="sometimes")
     assert status == 400 and reply["error"]["param"] == "speculative", reply
+
+
+def test_a_draft_model_server_replies_as_the_plain_one_and_counts_drafts(start_server, base_url):
+    draft = {"model": default_model_path(), "num_speculative_tokens": 3}
+    url = start_server(engine_factory=_always_drafting, speculative_config=draft).url
+    status, reply = _complete(url, prompt="The capital of France is", ignore_eos=True)
+    assert status == 200, reply
+    assert reply["choices"][0]["text"] == _complete(base_url, prompt="The capital of France is",
+                                                    ignore_eos=True)[1]["choices"][0]["text"]
+    drafts, accepted = metric(url, DRAFTS), metric(url, "vllm:spec_decode_num_accepted_tokens_total")
+    assert drafts > 0 and 0 < accepted <= metric(url, "vllm:spec_decode_num_draft_tokens_total")

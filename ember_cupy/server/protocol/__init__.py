@@ -1,5 +1,5 @@
 """The OpenAI protocol as typed models: request bodies (requests.py, messages.py, tools.py),
-response bodies (responses.py), and a validated body -> GenerationRequest (generation.py)."""
+reply bodies (replies.py), and a validated body -> GenerationRequest (generation.py)."""
 from ember_cupy.server.protocol.generation import (GenerationRequest, parse_chat, parse_completion, validate,
                                                    with_sampling_defaults)
 

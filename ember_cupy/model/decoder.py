@@ -1,4 +1,5 @@
-"""The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Gemma 3, SmolLM) composed from ops/.
+"""The decoder-only transformer of every family served (Llama, Mistral, Qwen2, Qwen3, Gemma 3,
+SmolLM), composed from ops/.
 
 One forward runs one flattened batch: every scheduled token of every sequence is a row of a
 [T, hidden] matrix, so each linear layer is a single GEMM, and attention reads K/V through the
@@ -10,7 +11,7 @@ them to the residual (sandwich_norms), gates its MLP with GELU-tanh, and alterna
 layers (their own RoPE base) with global ones; Mistral's layers all slide.
 
 On NumPy with host kernels, every family's decoder layers run as one host call each (ops/layer.py,
-cpu/layer.c) when all layers' matrices are packed (quantized) weights; otherwise, or with
+cpu/layer.c) when all layers' matrices are packed (quantized or 16-bit) weights; otherwise, or with
 `fuse_layers = False`, they run op by op from Python: the fused path's twin.
 """
 from __future__ import annotations
@@ -25,8 +26,9 @@ from ember_cupy.model import host_fallback
 from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.weights import is_quantized, linear_weight, vocab_matrix
 from ember_cupy.ops import _cuda, _host
-from ember_cupy.ops.layer import fused_layer_computes, layer_args, llama_layer, step_args
+from ember_cupy.ops.layer import fused_layer_computes, layer_args, decoder_layer, step_args
 from ember_cupy.ops.linear import embedding, linear, matmul_q
+from ember_cupy.half_weight import HalfWeight
 from ember_cupy.packed_weight import PackedWeight, StackedWeight
 from ember_cupy.quant import ActivationQuantization, DeviceQuantizedWeight
 
@@ -62,7 +64,7 @@ class LayerWeights:
     post_ffn_norm: object | None = None
 
 
-class LlamaModel:
+class DecoderModel:
     def __init__(self, checkpoint: Checkpoint, xp=np, dtype=np.float32, quantization: str = "none",
                  consume: bool = False, activations: ActivationQuantization = ActivationQuantization(passes=2),
                  deterministic: bool = False):
@@ -129,7 +131,7 @@ class LlamaModel:
         kernels or the device's GEMV, whose rows do not depend on each other (a float matrix goes
         through NumPy's or cuBLAS's GEMM)."""
         matrices = [self.lm_head] + [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        return all(isinstance(m, (PackedWeight, StackedWeight, DeviceQuantizedWeight)) for m in matrices)
+        return all(isinstance(m, (PackedWeight, StackedWeight, HalfWeight, DeviceQuantizedWeight)) for m in matrices)
 
     def weight_bytes(self) -> int:
         """Bytes of all weights as served (the tied LM head counted once)."""
@@ -218,7 +220,7 @@ class LlamaModel:
         step, keep = step_args(cfg, batch, hidden.shape[0], kv_caches[0][0], self.rope.table,
                                self.local_rope.table, self.scale, self.activations)
         for index, layer_weights in enumerate(args):
-            llama_layer(library, layer_weights, step, hidden, residual, index == 0)
+            decoder_layer(library, layer_weights, step, hidden, residual, index == 0)
         del keep
         return self._final_norm(hidden, residual, batch)
 

@@ -1,4 +1,4 @@
-"""Response bodies: the documented shape of every reply (tests hold real replies to them)."""
+"""Reply bodies: the documented shape of every reply (tests hold real replies to them)."""
 from __future__ import annotations
 
 from typing import Literal

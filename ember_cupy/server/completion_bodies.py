@@ -1,4 +1,4 @@
-"""OpenAI response bodies and stream chunks built from RequestOutputs."""
+"""Bodies and stream chunks of /v1/completions and /v1/chat/completions, built from RequestOutputs."""
 from __future__ import annotations
 
 import json
