@@ -15,6 +15,7 @@ import pytest
 
 from ember_cupy import ops
 from ember_cupy.engine.sampler import kth_largest_numpy
+from ember_cupy.half_weight import pack_16bit
 from ember_cupy.ops import _host, activation, host_build, norm, rotary
 from ember_cupy.ops.attention import paged_attention_host
 from ember_cupy.ops.linear import matmul_q, matmul_q_numpy
@@ -79,6 +80,19 @@ def _matmul_cases():
         x[0, 3], x[1, 5], x[2, 7], x[3, 9] = np.inf, -np.inf, np.nan, 3e38   # non-finite and overflowing blocks
         cases.append((x, weight, ActivationQuantization(1, 0.5)))
     cases.append(_extreme_q8_0_case())
+    return cases + _half_cases(rng)
+
+
+def _half_cases(rng):
+    """16-bit float matrices (cpu/matmul_16bit.c: x not quantized, one FMA chain per output)."""
+    cases = []
+    for qtype, dtype in (("F16", np.float16), ("BF16", None)):
+        for K in (96, 2080):
+            values = rng.standard_normal((N, K)).astype(np.float32)
+            bits = values.astype(dtype).view(np.uint16) if dtype else (values.view(np.uint32) >> 16).astype(np.uint16)
+            weight = pack_16bit(QuantizedTensor(qtype, bits.view(np.uint8), (N, K)))
+            for M in (1, 8, 31):
+                cases.append((rng.standard_normal((M, K)).astype(np.float32), weight, ActivationQuantization(1, 0.5)))
     return cases
 
 
