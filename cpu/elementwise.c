@@ -18,6 +18,13 @@ static void silu_row(const float *gu, float *out, int64_t inter) {
         const __m256 e = ember_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
         _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u));
     }
+#elif defined(EMBER_NEON)
+    for (; i + 8 <= inter; i += 8)       /* in eights as the 256-bit path: its steps, its tail, its bits */
+        for (int64_t j = i; j < i + 8; j += 4) {
+            const float32x4_t g = vld1q_f32(gu + j), u = vld1q_f32(gu + inter + j);
+            const float32x4_t e = ember_exp4(vsubq_f32(vdupq_n_f32(0.0f), g));
+            vst1q_f32(out + j, vmulq_f32(vdivq_f32(g, vaddq_f32(vdupq_n_f32(1.0f), e)), u));
+        }
 #endif
     for (; i < inter; i++) out[i] = gu[i] / (1.0f + expf(-gu[i])) * gu[inter + i];
 }
@@ -38,6 +45,14 @@ static void gelu_tanh_row(const float *gu, float *out, int64_t inter) {
         const __m256 e = ember_exp8(_mm256_mul_ps(minus_two_c, poly));
         _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u));
     }
+#elif defined(EMBER_NEON)
+    for (; i + 8 <= inter; i += 8)
+        for (int64_t j = i; j < i + 8; j += 4) {
+            const float32x4_t g = vld1q_f32(gu + j), u = vld1q_f32(gu + inter + j), one = vdupq_n_f32(1.0f);
+            const float32x4_t poly = vmulq_f32(g, vaddq_f32(one, vmulq_f32(vdupq_n_f32(GELU_CUBIC), vmulq_f32(g, g))));
+            const float32x4_t e = ember_exp4(vmulq_f32(vdupq_n_f32(-2.0f * GELU_SQRT_2_OVER_PI), poly));
+            vst1q_f32(out + j, vmulq_f32(vdivq_f32(g, vaddq_f32(one, e)), u));
+        }
 #endif
     for (; i < inter; i++) {
         const float g = gu[i], poly = g * (1.0f + GELU_CUBIC * (g * g));
@@ -56,6 +71,17 @@ static float sum_of_squares(const float *x, int64_t n) {
     }
     float lanes[8];
     _mm256_storeu_ps(lanes, acc);
+    for (int j = 0; j < 8; j++) total += lanes[j];
+#elif defined(EMBER_NEON)
+    float32x4_t low = vdupq_n_f32(0.0f), high = low;   /* the 256-bit path's 8 lanes */
+    for (; i + 8 <= n; i += 8) {
+        const float32x4_t a = vld1q_f32(x + i), b = vld1q_f32(x + i + 4);
+        low = vfmaq_f32(low, a, a);
+        high = vfmaq_f32(high, b, b);
+    }
+    float lanes[8];
+    vst1q_f32(lanes, low);
+    vst1q_f32(lanes + 4, high);
     for (int j = 0; j < 8; j++) total += lanes[j];
 #endif
     for (; i < n; i++) total += x[i] * x[i];

@@ -2,8 +2,9 @@
 path's flags into a static program (tests/host_emulated/driver.c) run under qemu-user, on inputs
 written here. The quantized matmul (matrices of every format) must give the native library's
 bits (the NEON paths' integer sums are exact and their float steps the portable path's); paged
-attention, RMSNorm, SiLU/GELU-tanh x up and RoPE, plain C on every aarch64 path, the native
-portable library's; the sampling helpers the twins' exactly; all near the NumPy twins. qemu's
+attention and RoPE, plain C on every aarch64 path, the native portable library's; RMSNorm and
+SiLU/GELU-tanh x up, NEON on the NEON paths, the native 256-bit (avx2) library's; the sampling
+helpers the twins' exactly; all near the NumPy twins. qemu's
 `-cpu max` has SMMLA and SDOT, `-cpu cortex-a76` SDOT only, `-cpu cortex-a53` plain NEON only:
 an instruction that leaked into a path whose CPUs lack it would trap."""
 import shutil
@@ -316,12 +317,23 @@ def test_every_aarch64_attention_is_near_the_numpy_twin(outputs, isa):
 
 
 @pytest.mark.parametrize("isa", AARCH64_ISAS)
-def test_every_aarch64_row_kernel_and_rope_is_the_native_portable_library_bit_for_bit(outputs, portable_ops, isa):
-    for (op, x, weight), ours in zip(CASES["rows"], outputs[isa]["rows"]):
-        expected = _native_rows(op, x, weight)
-        np.testing.assert_array_equal(ours.reshape(expected.shape), expected, err_msg=f"{isa}: {op}")
+def test_every_aarch64_row_kernel_and_rope_is_the_native_library_bit_for_bit(outputs, portable_ops, isa):
+    """RMSNorm and SiLU/GELU-tanh x up: the NEON paths take the x86 256-bit path's steps (its exp
+    polynomial, its 8 lanes), plain C the portable library's; RoPE is plain C everywhere."""
+    reference = portable_ops if isa == "portable" else _native_library("avx2")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_host, "active", lambda: reference)
+        for (op, x, weight), ours in zip(CASES["rows"], outputs[isa]["rows"]):
+            expected = _native_rows(op, x, weight)
+            np.testing.assert_array_equal(ours.reshape(expected.shape), expected, err_msg=f"{isa}: {op}")
     for case, ours in zip(CASES["rope"], outputs[isa]["rope"]):
         np.testing.assert_array_equal(ours, _rotated(ops.apply_rope, *case), err_msg=f"{isa}: rope")
+
+
+def _native_library(isa: str):
+    if isa not in _host.supported_isas():
+        pytest.skip(f"this machine does not run the {isa} path the NEON row kernels are held to")
+    return _host.load_library(isa)
 
 
 @pytest.mark.parametrize("isa", AARCH64_ISAS)
