@@ -29,6 +29,15 @@ static float kth_largest(const float *row, int64_t vocab, int64_t k, float *heap
         for (int64_t j = i; j < i + 8; j++)
             if (row[j] > heap[0]) { heap[0] = row[j]; sift_down(heap, k, 0); }
     }
+#elif defined(EMBER_NEON)
+    for (; i + 8 <= vocab; i += 8) {     /* the same skip: a block with nothing above the minimum */
+        const float32x4_t least = vdupq_n_f32(heap[0]);
+        const uint32x4_t above = vorrq_u32(vcgtq_f32(vld1q_f32(row + i), least),
+                                           vcgtq_f32(vld1q_f32(row + i + 4), least));
+        if (!vmaxvq_u32(above)) continue;
+        for (int64_t j = i; j < i + 8; j++)
+            if (row[j] > heap[0]) { heap[0] = row[j]; sift_down(heap, k, 0); }
+    }
 #endif
     for (; i < vocab; i++)
         if (row[i] > heap[0]) { heap[0] = row[i]; sift_down(heap, k, 0); }
