@@ -229,6 +229,89 @@ static void row_chunk_avx2(const float *q, float *acc, float *m, float *l, const
 }
 #endif
 
+#if defined(EMBER_NEON) && !defined(ATTN_AVX2)
+/* ---- NEON: row_chunk_avx2's arithmetic, op for op, on pairs of 4-lane registers ---------
+ * Eight 256-bit lanes are (lo, hi); _mm256_max_ps's rule (a > b ? a : b, so a NaN in the first
+ * operand is dropped) is x86_max; hadd trees and hsum256 are written out in their order. The
+ * ARM paths therefore give the x86 AVX2 path's bits (tests/test_host_aarch64.py). */
+#define ATTN_NEON 1
+
+typedef struct { float32x4_t lo, hi; } f32x8;
+
+static inline float32x4_t x86_max(float32x4_t a, float32x4_t b) { return vbslq_f32(vcgtq_f32(a, b), a, b); }
+static inline float x86_max1(float a, float b) { return a > b ? a : b; }
+
+static inline float hsum8(f32x8 v) {     /* hsum256: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)) */
+    const float32x4_t t = vaddq_f32(v.lo, v.hi);
+    return (vgetq_lane_f32(t, 0) + vgetq_lane_f32(t, 2)) + (vgetq_lane_f32(t, 1) + vgetq_lane_f32(t, 3));
+}
+
+static inline float hmax8(f32x8 v) {     /* hmax256, with _mm_max_ps's operand order */
+    const float32x4_t t = x86_max(v.lo, v.hi);
+    const float s0 = x86_max1(vgetq_lane_f32(t, 0), vgetq_lane_f32(t, 2));
+    const float s1 = x86_max1(vgetq_lane_f32(t, 1), vgetq_lane_f32(t, 3));
+    return x86_max1(s0, s1);
+}
+
+static inline f32x8 dot_lanes(const float *q, const float *k, int D) {   /* FMA per lane, d % 8 */
+    f32x8 a = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+    for (int d = 0; d < D; d += 8) {
+        a.lo = vfmaq_f32(a.lo, vld1q_f32(q + d), vld1q_f32(k + d));
+        a.hi = vfmaq_f32(a.hi, vld1q_f32(q + d + 4), vld1q_f32(k + d + 4));
+    }
+    return a;
+}
+
+/* dot8's score of one key: the hadd tree gives ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)). */
+static inline float dot8_one(const float *q, const float *k, int D) {
+    const f32x8 a = dot_lanes(q, k, D);
+    const float32x4_t pairs = vpaddq_f32(a.lo, a.hi);
+    const float32x4_t quads = vpaddq_f32(pairs, pairs);
+    return vgetq_lane_f32(quads, 0) + vgetq_lane_f32(quads, 1);
+}
+
+static inline float32x4_t exp4_keeping_nan(float32x4_t x) {
+    return vbslq_f32(vceqq_f32(x, x), ember_exp4(x), x);
+}
+
+static void row_chunk_neon(const float *q, float *acc, float *m, float *l, const float *const *k,
+                           const float *const *v, int n, int D, float *s) {
+    const int whole = n - n % 8;         /* dot8 for whole eights of keys, dot1 for the rest */
+    for (int i = 0; i < whole; i++) s[i] = dot8_one(q, k[i], D);
+    for (int i = whole; i < n; i++) s[i] = hsum8(dot_lanes(q, k[i], D));
+    const int padded = (n + 7) & ~7;
+    for (int i = n; i < padded; i++) s[i] = -INFINITY;
+    f32x8 mx = {vld1q_f32(s), vld1q_f32(s + 4)};
+    for (int i = 8; i < padded; i += 8) {
+        mx.lo = x86_max(mx.lo, vld1q_f32(s + i));
+        mx.hi = x86_max(mx.hi, vld1q_f32(s + i + 4));
+    }
+    const float chunk_max = hmax8(mx), m_old = *m;
+    const float m_new = chunk_max > m_old ? chunk_max : m_old;
+    const float32x4_t mv = vdupq_n_f32(softmax_shift(m_new));
+    f32x8 sum = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+    for (int i = 0; i < padded; i += 8) {
+        const float32x4_t p0 = exp4_keeping_nan(vsubq_f32(vld1q_f32(s + i), mv));
+        const float32x4_t p1 = exp4_keeping_nan(vsubq_f32(vld1q_f32(s + i + 4), mv));
+        vst1q_f32(s + i, p0);
+        vst1q_f32(s + i + 4, p1);
+        sum.lo = vaddq_f32(sum.lo, p0);
+        sum.hi = vaddq_f32(sum.hi, p1);
+    }
+    const int rescale = m_new != m_old;
+    const float alpha = !rescale ? 1.0f : m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+    *l = (rescale ? *l * alpha : *l) + hsum8(sum);
+    *m = m_new;
+    const float32x4_t al = vdupq_n_f32(alpha);
+    for (int d = 0; d < D; d += 4) {    /* pv_block per element: rescale, then one FMA per key */
+        float32x4_t a = vld1q_f32(acc + d);
+        if (rescale) a = vmulq_f32(a, al);
+        for (int i = 0; i < n; i++) a = vfmaq_f32(a, vdupq_n_f32(s[i]), vld1q_f32(v[i] + d));
+        vst1q_f32(acc + d, a);
+    }
+}
+#endif
+
 /* ---- portable path (any compiler; also head_dim not a multiple of 8) ------------------- */
 static inline float dot_scalar(const float *q, const float *k, int D) {
     float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -304,7 +387,7 @@ static void run_item(const Problem *P, const Task *t, const Item *it, Scratch *s
         }
     for (int r = 0; r < R; r++) { sc->m[r] = -INFINITY; sc->l[r] = 0.0f; }
     memset(sc->acc, 0, sizeof(float) * (size_t)R * (size_t)D);
-#ifdef ATTN_AVX2
+#if defined(ATTN_AVX2) || defined(ATTN_NEON)
     const int vector = D % 8 == 0;
 #endif
     const float *krow[KEY_CHUNK], *vrow[KEY_CHUNK];
@@ -356,6 +439,12 @@ static void run_item(const Problem *P, const Task *t, const Item *it, Scratch *s
 #ifdef ATTN_AVX2
                 if (vector) {
                     row_chunk_avx2(sc->qs + (int64_t)r * D, sc->acc + (int64_t)r * D, sc->m + r, sc->l + r,
+                                   krow + skip, vrow + skip, n, D, sc->s);
+                    continue;
+                }
+#elif defined(ATTN_NEON)
+                if (vector) {
+                    row_chunk_neon(sc->qs + (int64_t)r * D, sc->acc + (int64_t)r * D, sc->m + r, sc->l + r,
                                    krow + skip, vrow + skip, n, D, sc->s);
                     continue;
                 }
