@@ -1,6 +1,6 @@
 /* y[M, N] = x[M, K] @ W[N, K]^T for W in 16-bit floats (bf16 or f16 bits, one format a matrix):
  * float32 products and sums, W widened in registers (bf16: the bits shifted up 16; f16: F16C's
- * vcvtph2ps, or the exact bit conversion of common.h on the portable path).
+ * vcvtph2ps or NEON's fcvtl, or the exact bit conversion of common.h on the portable path).
  *
  * W is packed once at load (ember_cupy/half_weight.py, ember_pack_16bit below) in panels of 16
  * rows: panel p holds W[16p + j, k] at [p][k][j] (rows padded with zeros to a whole panel), so one
@@ -77,6 +77,33 @@ static inline __attribute__((always_inline)) void tile(const uint16_t *w, int64_
         _mm256_storeu_ps(out[r], lo[r]);
         _mm256_storeu_ps(out[r] + 8, hi[r]);
     }
+}
+#elif defined(EMBER_NEON)
+#define MR 4                          /* 4 rows x 4 quarters of a panel = 16 accumulators */
+#define PANELS_PER_TILE 1
+static inline float32x4_t widen4(const uint16_t *p, const int32_t format) {
+    const uint16x4_t bits = vld1_u16(p);
+    if (format == EMBER_WTYPE_F16) return vcvt_f32_f16(vreinterpret_f16_u16(bits));
+    return vreinterpretq_f32_u32(vshll_n_u16(bits, 16));
+}
+
+static inline __attribute__((always_inline)) void tile(const uint16_t *w, int64_t panel_stride, const int P,
+                                                       const int32_t format, const float *x, int64_t ldx,
+                                                       int64_t K, const int R, float out[][PANELS_PER_TILE * LANES]) {
+    (void)panel_stride; (void)P;
+    float32x4_t acc[MR][4];
+    for (int r = 0; r < R; r++)
+        for (int q = 0; q < 4; q++) acc[r][q] = vdupq_n_f32(0.0f);
+    for (int64_t k = 0; k < K; k++) {
+        float32x4_t wk[4];
+        for (int q = 0; q < 4; q++) wk[q] = widen4(w + k * LANES + 4 * q, format);
+        for (int r = 0; r < R; r++) {
+            const float32x4_t xk = vdupq_n_f32(x[r * ldx + k]);
+            for (int q = 0; q < 4; q++) acc[r][q] = vfmaq_f32(acc[r][q], xk, wk[q]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int q = 0; q < 4; q++) vst1q_f32(out[r] + 4 * q, acc[r][q]);
 }
 #else
 #define MR 4
