@@ -1,6 +1,6 @@
 /* One Llama-family decoder layer (Llama, Mistral, Qwen2, Qwen3, Gemma 3) as a single call,
- * composed from the other host kernels (the NumPy twin is LlamaModel's op-by-op forward,
- * ember_cupy/model/llama.py). At one token per step a layer is a dozen small kernels; calling
+ * composed from the other host kernels (the NumPy twin is DecoderModel's op-by-op forward,
+ * ember_cupy/model/decoder.py). At one token per step a layer is a dozen small kernels; calling
  * each from Python cost more than computing it.
  *
  *   attention(x) = attend(rope(qk_norm(x @ Wqkv + bias))) @ Wo   with the layer's window and RoPE
@@ -16,25 +16,10 @@
  *     hidden += rmsnorm(mlp(rmsnorm(hidden, ffn_norm)), post_ffn_norm)
  */
 #include "common.h"
+#include "host_kernels.h"
 #include "matmul_q.h"
 
 #include <stdlib.h>
-
-void ember_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int64_t ldo, int64_t rows,
-                    int64_t hidden, float eps);
-void ember_fused_add_rms_norm(float *x, int64_t ldx, float *residual, int64_t ldr, const float *w,
-                              int64_t rows, int64_t hidden, float eps);
-void ember_silu_and_mul(const float *gate_up, int64_t ldg, float *out, int64_t ldo, int64_t rows, int64_t inter);
-void ember_gelu_tanh_and_mul(const float *gate_up, int64_t ldg, float *out, int64_t ldo, int64_t rows,
-                             int64_t inter);
-void ember_rope(float *q, int64_t qs0, int64_t qs1, int32_t hq, float *k, int64_t ks0, int64_t ks1, int32_t hk,
-                int32_t dim, const int32_t *positions, const float *cos_sin, int32_t neox, int64_t tokens);
-int ember_paged_attention_window(float *out, const float *q, int64_t q_stride_t, int64_t q_stride_h,
-                                 const void *k_cache, const void *v_cache, int32_t cache_f16, int64_t num_blocks,
-                                 int32_t block_size, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
-                                 const int32_t *block_tables, int64_t table_stride, int32_t max_blocks,
-                                 const int32_t *context_lens, const int32_t *query_start_loc, int32_t num_seqs,
-                                 float scale, int32_t window);
 
 typedef struct {              /* fixed per layer (ember_cupy/ops/layer.py: LayerWeightsArgs) */
     const float *attn_norm, *ffn_norm, *qkv_bias;   /* qkv_bias may be NULL */
@@ -127,7 +112,7 @@ static void norm_heads(const StepArgs *s, float *first, int64_t ld, int32_t head
     for (int32_t h = 0; h < heads; h++) ember_rms_norm(first + h * D, ld, weight, first + h * D, ld, s->tokens, D, s->eps);
 }
 
-/* Windowed layers rotate by their own table (Gemma 3's local RoPE base), as LlamaModel._attention does. */
+/* Windowed layers rotate by their own table (Gemma 3's local RoPE base), as DecoderModel._attention does. */
 static const float *layer_cos_sin(const LayerWeights *w, const StepArgs *s) {
     return w->window && s->local_cos_sin ? s->local_cos_sin : s->cos_sin;
 }
