@@ -188,7 +188,6 @@ static inline __attribute__((always_inline)) void group_tile_formats(
             mw = load_f16x8(rec + 16);
         }
         for (int r = 0; r < R; r++) {
-            if (xd[r * nb + b] == 0.0f) continue;
             const int8_t *xb = xq + r * K + b * 32;
             __m256i isum;
             if (wtype == WTYPE_Q6_K) {
@@ -201,9 +200,10 @@ static inline __attribute__((always_inline)) void group_tile_formats(
                 isum = _mm256_add_epi32(dot4_values8(v, xb, 0), dot4_values8(v, xb, 4));
                 if (f.offset) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(f.offset * xsum[r * nb + b]));
             }
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * nb + b])), acc[r]);
-            if (is_k_quant(wtype)) acc[r] = _mm256_fnmadd_ps(mw, _mm256_set1_ps(xs[r * nb + b]), acc[r]);
-            else if (wtype == WTYPE_Q5_1) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[r * nb + b]), acc[r]);
+            __m256 sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * nb + b])), acc[r]);
+            if (is_k_quant(wtype)) sum = _mm256_fnmadd_ps(mw, _mm256_set1_ps(xs[r * nb + b]), sum);
+            else if (wtype == WTYPE_Q5_1) sum = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[r * nb + b]), sum);
+            acc[r] = _mm256_blendv_ps(acc[r], sum, kept_lanes8(_mm256_set1_ps(xd[r * nb + b])));
         }
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r], acc[r]);
@@ -254,24 +254,30 @@ static inline __m128i pair8(const uint8_t *a, const uint8_t *b) {
 static inline __m512 u8x16_ps(const uint8_t *a, const uint8_t *b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(pair8(a, b))); }
 static inline __m512i i8x16_epi32(const uint8_t *a, const uint8_t *b) { return _mm512_cvtepi8_epi32(pair8(a, b)); }
 
-/* The pair's float scales of block b: dw (d, or d sc) and mw (m, or dmin mn; zero without). */
-static inline void pair_scales(const uint8_t *ra, const uint8_t *rc, int32_t wtype, int bi, __m512 *dw, __m512 *mw) {
-    *dw = load_f16x16(ra, rc);
-    *mw = _mm512_setzero_ps();
+/* The pair's record scales d and m (Q5_1's m, the K-quants' dmin; zero without), and from them
+ * block bi's float scales dw (d, or d sc) and mw (m, or dmin mn). */
+static inline void record_scales(const uint8_t *ra, const uint8_t *rc, int32_t wtype, __m512 *d, __m512 *m) {
+    *d = load_f16x16(ra, rc);
+    *m = is_k_quant(wtype) || wtype == WTYPE_Q5_1 ? load_f16x16(ra + 16, rc + 16) : _mm512_setzero_ps();
+}
+
+static inline void pair_scales(const uint8_t *ra, const uint8_t *rc, int32_t wtype, int bi, __m512 d, __m512 m,
+                               __m512 *dw, __m512 *mw) {
+    *dw = d;
+    *mw = m;
     if (is_k_quant(wtype)) {
-        *dw = _mm512_mul_ps(*dw, u8x16_ps(ra + 32 + 8 * bi, rc + 32 + 8 * bi));
-        *mw = _mm512_mul_ps(load_f16x16(ra + 16, rc + 16), u8x16_ps(ra + 96 + 8 * bi, rc + 96 + 8 * bi));
-    } else if (wtype == WTYPE_Q5_1) {
-        *mw = load_f16x16(ra + 16, rc + 16);
+        *dw = _mm512_mul_ps(d, u8x16_ps(ra + 32 + 8 * bi, rc + 32 + 8 * bi));
+        *mw = _mm512_mul_ps(m, u8x16_ps(ra + 96 + 8 * bi, rc + 96 + 8 * bi));
     }
 }
 
-/* acc + isum (d xd) (+ or - mw xs): the float steps every path takes, in this order */
+/* acc + isum (d xd) (+ or - mw xs): the float steps every path takes, in this order (acc as it
+ * was where xd is 0: kept_lanes8) */
 static inline __m512 scale_block16(int32_t wtype, __m512 acc, __m512i isum, __m512 dw, __m512 mw, float xd, float xs) {
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xd)), acc);
-    if (is_k_quant(wtype)) acc = _mm512_fnmadd_ps(mw, _mm512_set1_ps(xs), acc);
-    else if (wtype == WTYPE_Q5_1) acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs), acc);
-    return acc;
+    __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xd)), acc);
+    if (is_k_quant(wtype)) sum = _mm512_fnmadd_ps(mw, _mm512_set1_ps(xs), sum);
+    else if (wtype == WTYPE_Q5_1) sum = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs), sum);
+    return _mm512_mask_mov_ps(acc, kept_lanes16(_mm512_set1_ps(xd)), sum);
 }
 
 static inline __attribute__((always_inline)) void group_pair_tile_formats(
@@ -279,22 +285,22 @@ static inline __attribute__((always_inline)) void group_pair_tile_formats(
         const float *xd, const float *xs, const int32_t *xsum, const int32_t *xsum_lo, const int R,
         float out_a[][8], float out_b[][8]) {
     const struct wformat f = FORMATS[wtype];
-    __m512 acc[8];
+    __m512 acc[8], d = _mm512_setzero_ps(), m = d;
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *ra = record_of(ga, wtype, b), *rc = record_of(gb, wtype, b);
-        const uint8_t *ba = body_of(ga, wtype, b), *bb = body_of(gb, wtype, b);
         const int bi = (int)(b % f.blocks);
+        const uint8_t *ba = ra + f.header_bytes + bi * f.block_bytes, *bb = rc + f.header_bytes + bi * f.block_bytes;
         for (int line = 0; line < 3; line++) {
             _mm_prefetch((const char *)(ba + PREFETCH_BYTES + 64 * line), _MM_HINT_T0);
             _mm_prefetch((const char *)(bb + PREFETCH_BYTES + 64 * line), _MM_HINT_T0);
         }
         __m512i v[8];
         decode_values16(ba, bb, f.high_bits, v);
+        if (bi == 0) record_scales(ra, rc, wtype, &d, &m);
         __m512 dw, mw;
-        pair_scales(ra, rc, wtype, bi, &dw, &mw);
+        pair_scales(ra, rc, wtype, bi, d, m, &dw, &mw);
         for (int r = 0; r < R; r++) {
-            if (xd[r * nb + b] == 0.0f) continue;
             const int8_t *xb = xq + r * K + b * 32;
             __m512i isum;
             if (wtype == WTYPE_Q6_K) {

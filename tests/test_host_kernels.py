@@ -288,6 +288,28 @@ def test_every_isa_path_is_the_portable_path_bit_for_bit(qtype, passes, rows):
         np.testing.assert_array_equal(matmul_q(x, weight, _host.load_library(isa), scheme), portable, err_msg=isa)
 
 
+@pytest.mark.parametrize("rows", [3, 11])        # 11: 22 int8 rows, AMX's tiles where the CPU has them
+@pytest.mark.parametrize("qtype", [qtype for qtype in FORMATS if qtype not in _K_QUANT_SCALES])
+def test_a_skipped_second_pass_adds_nothing_even_to_an_infinite_scale(qtype, rows):
+    """The SIMD paths compute a block whose second pass is skipped (xd = 0) and keep acc as it was
+    (no branch): that must be the portable path's skip, also where 0 x an infinite weight scale
+    would be NaN. Block 0 of x is small (its second pass skipped), and 3 weight rows have d = inf
+    there: their outputs are +-inf on every path, as the portable path's. (A K-quant's d spans 8
+    blocks, whose infinite sums of both signs are NaN anyway; their tile is Q4_0's and Q5_x's.)"""
+    rng = np.random.default_rng(7)
+    data = np.ascontiguousarray(_weight_data(rng, qtype, 37, 512))
+    for row in (0, 9, 20):
+        data[row, 0:2] = np.array([np.inf], np.float16).view(np.uint8)   # block 0's d
+    weight = to_kernel_format(QuantizedTensor(qtype, data, (37, 512)))
+    x = rng.standard_normal((rows, 512)).astype(np.float32) * 4
+    x[:, :32] *= 0.01
+    scheme = ActivationQuantization(2, 0.5)
+    portable = matmul_q(x, weight, _host.load_library("portable"), scheme)
+    assert np.isinf(portable[:, [0, 9, 20]]).sum() >= 2 * rows
+    for isa in RUNNABLE:
+        np.testing.assert_array_equal(matmul_q(x, weight, _host.load_library(isa), scheme), portable, err_msg=isa)
+
+
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
 def test_a_matrix_of_several_weight_blocks_is_computed_whole(library, qtype):
     """Each thread sweeps its weight groups a block of ~256 KB at a time against every chunk of x:
