@@ -86,14 +86,12 @@ def cut_model(tmp_path_factory):
     return str(path)
 
 
-def test_a_draft_model_on_the_device_needs_a_sized_pool_and_keeps_the_numpy_tokens(tiny, numpy_results):
+def test_a_draft_model_on_the_device_keeps_the_numpy_tokens(tiny, numpy_results):
     """The tiny model drafting for itself through the device paths (its argmax on the device, a
-    step of catch-up rows only); without num_kv_blocks the target's pool would take its memory."""
+    step of catch-up rows only)."""
     from step_cost_stand_ins import FreeDrafting, FreeVerification
     draft = {"model": tiny, "num_speculative_tokens": 3}
     with standin_cupy.installed():
-        with pytest.raises(ValueError, match="needs num_kv_blocks"):
-            LLM(tiny, speculative_config=draft, **{**CONFIG, "num_kv_blocks": None})
         llm = LLM(tiny, speculative_config=draft, **CONFIG)
         llm.engine.speculator.costs = FreeVerification()
         llm.engine.speculator.proposer.costs = FreeDrafting()
@@ -101,6 +99,28 @@ def test_a_draft_model_on_the_device_needs_a_sized_pool_and_keeps_the_numpy_toke
         tokens = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
     assert tokens == [t for t, _ in numpy_results[:len(PROMPTS)]]
     assert llm.engine.spec_decode_stats.num_accepted_tokens > 0
+
+
+def test_a_draft_model_on_the_device_shares_the_memory_left_with_the_target(tiny, monkeypatch):
+    """Without num_kv_blocks the target's pool is sized from the device's free memory: with a
+    draft model it leaves the draft a block beside each of its own, the draft's extra blocks and
+    its step's workspace, and the two pools fit where the target's alone did."""
+    from ember_cupy.engine.model_runner import device_kv_bytes, step_workspace_bytes
+    config = {**CONFIG, "num_kv_blocks": None}
+    with standin_cupy.installed() as cupy:
+        monkeypatch.setattr(cupy.cuda.runtime, "memGetInfo", lambda: (48 << 20, 64 << 20))
+        alone = LLM(tiny, **config).engine.runner
+        llm = LLM(tiny, speculative_config={"model": tiny, "num_speculative_tokens": 3}, **config)
+        budget = device_kv_bytes(alone.config, alone.model_config, alone.kv_dtype.itemsize)
+    target, proposer = llm.engine.runner, llm.engine.speculator.proposer
+    draft = proposer.runner
+    assert proposer.extra_blocks == llm.engine.config.max_num_seqs   # one page of 4 for 3 drafts
+    assert draft.num_blocks == target.num_blocks + proposer.extra_blocks
+    used = (target.num_blocks * target.block_bytes + draft.num_blocks * draft.block_bytes
+            + step_workspace_bytes(draft.config, draft.model_config, draft.kv_dtype.itemsize))
+    assert alone.num_blocks * alone.block_bytes <= budget
+    assert budget - (target.block_bytes + draft.block_bytes) < used <= budget
+    assert target.num_blocks < alone.num_blocks // 2
 
 
 def test_constrained_sampling_on_the_real_model(cut_model):

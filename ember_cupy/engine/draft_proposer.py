@@ -22,22 +22,22 @@ shadow's cache at once (keep(), after scheduling and after verification); a fini
 or preempted sequence gives its pages back (release()). The draft pool caches
 prefixes as the target's does, so the n sequences of one request share their prompt's pages.
 
-On a GPU the target's pool takes the device memory left after its weights
-(gpu_memory_utilization), so the draft needs num_kv_blocks (--num-kv-blocks) to size the target's
-pool and leave it room; without it the draft model is refused (splitting the memory between the
-two pools is not done yet).
+On a GPU the draft's weights are put on the device first (load(), its pool deferred); the
+target's pool then takes the device memory left (gpu_memory_utilization) less what the draft's
+pool and step need (pool_share(): the draft's bytes per block beside each of the target's, its
+extra blocks and its step's activations and logits), and allocate_pool() gives the draft its
+blocks. num_kv_blocks, where given, sizes the target's pool as it does without a draft.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
 
-import numpy as np
 
 from ember_cupy.backend import to_numpy
 from ember_cupy.config import EngineConfig
 from ember_cupy.engine.block_manager import BlockManager
-from ember_cupy.engine.model_runner import ModelRunner
+from ember_cupy.engine.model_runner import ModelRunner, PoolShare, step_workspace_bytes
 from ember_cupy.engine.scheduler import ScheduledBatch
 from ember_cupy.engine.sequence import Sequence
 from ember_cupy.engine.step_costs import StepCosts
@@ -72,27 +72,37 @@ def common_prefix(left: list[int], right: list[int]) -> int:
 
 
 class DraftModelProposer:
-    def __init__(self, checkpoint: Checkpoint, config: EngineConfig, num_blocks: int, xp):
-        config = dataclasses.replace(config, num_kv_blocks=num_blocks, speculative_config=None)
-        self.runner = ModelRunner(checkpoint, config, xp=xp, consume_checkpoint=True)
-        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, enable_prefix_caching=True)
+    def __init__(self, checkpoint: Checkpoint, config: EngineConfig, xp):
+        """The draft's weights on the backend; its pool waits for allocate_pool()."""
+        # a page per sequence slot for each block of drafts past its tokens
+        self.extra_blocks = config.max_num_seqs * -(-config.speculative_config.num_speculative_tokens
+                                                    // config.block_size)
+        config = dataclasses.replace(config, num_kv_blocks=None, speculative_config=None)
+        self.config = config
+        self.runner = ModelRunner(checkpoint, config, xp=xp, consume_checkpoint=True, defer_pool=True)
         self.max_positions = checkpoint.config.max_position_embeddings
         self.catch_up_budget = config.max_num_prefill_tokens or config.max_num_batched_tokens
         self.costs = StepCosts()   # the draft model's steps, for the gate (engine/speculation_gate.py)
-        self.costs.calibrate(self.runner.time_forward, config.max_num_seqs)
         self._shadows: dict[int, Sequence] = {}   # id(target sequence) -> its shadow
 
     @classmethod
-    def load(cls, path: str, target: Checkpoint, config: EngineConfig, target_num_blocks: int, xp,
-             progress=None) -> DraftModelProposer:
-        if xp is not np and config.num_kv_blocks is None:
-            raise ValueError("speculative_config.model on a GPU needs num_kv_blocks (--num-kv-blocks): without "
-                             "it the target's KV pool takes the memory the draft model needs")
+    def load(cls, path: str, target: Checkpoint, config: EngineConfig, xp, progress=None) -> DraftModelProposer:
         draft = load_checkpoint(path, progress)
         check_same_vocabulary(draft, target, path)
-        k = config.speculative_config.num_speculative_tokens
-        per_sequence = -(-k // config.block_size)
-        return cls(draft, config, target_num_blocks + config.max_num_seqs * per_sequence, xp)
+        return cls(draft, config, xp)
+
+    def pool_share(self) -> PoolShare:
+        """What the target's device pool leaves to this model: a block per target block, the
+        blocks for drafts past every sequence's tokens, and the draft's step."""
+        runner = self.runner
+        step = step_workspace_bytes(self.config, runner.model_config, runner.kv_dtype.itemsize)
+        return PoolShare(runner.block_bytes, self.extra_blocks * runner.block_bytes + step)
+
+    def allocate_pool(self, target_num_blocks: int) -> None:
+        """As many blocks as the target's and extra_blocks: it holds every token the target can."""
+        self.runner.allocate_pool(target_num_blocks + self.extra_blocks)
+        self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size, enable_prefix_caching=True)
+        self.costs.calibrate(self.runner.time_forward, self.config.max_num_seqs)
 
     # --- the proposer interface (engine/ngram_proposer.py) ---------------------------------
     def propose_batch(self, seqs: list[Sequence], max_tokens: list[int]) -> list[list[int]]:

@@ -13,7 +13,7 @@ from ember_cupy.chat_template import read_chat_template
 from ember_cupy.config import CPU_MAX_NUM_PREFILL_TOKENS, EngineConfig
 from ember_cupy.engine.block_manager import BlockManager
 from ember_cupy.engine.draft_proposer import DraftModelProposer
-from ember_cupy.engine.model_runner import ModelRunner
+from ember_cupy.engine.model_runner import ModelRunner, PoolShare
 from ember_cupy.engine.outputs import OutputKind, RequestOutput
 from ember_cupy.engine.pooling import PREFILL_ONLY, EmbeddingRequest, PoolingParams
 from ember_cupy.engine.request import Request
@@ -64,9 +64,11 @@ class LLMEngine:
                                                    self.config.override_generation_config)
         SamplingParams(**self.sampling_defaults)   # a bad default fails the load, not every request
         self._seeds = None if self.config.seed is None else np.random.default_rng(self.config.seed)
+        draft = self._draft_model(self.config.speculative_config, xp, progress)
         # a checkpoint loaded here is consumed by the model, so the weights are held once
         self.runner = ModelRunner(self.checkpoint, self.config, xp=xp,
-                                  consume_checkpoint=not isinstance(model, Checkpoint))
+                                  consume_checkpoint=not isinstance(model, Checkpoint),
+                                  pool_share=draft.pool_share() if draft is not None else PoolShare())
         if xp is np:  # step temporaries stay mapped; the KV pool has its own mapping (lazily_zeroed)
             keep_freed_memory_mapped()
         self._check_kv_pool()
@@ -74,7 +76,7 @@ class LLMEngine:
                                           self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager, self.model_config.eos_token_ids)
         self.sampler = Sampler(self.model_config.eos_token_ids)
-        self.speculator = self._speculator(self.config.speculative_config, progress)
+        self.speculator = self._speculator(self.config.speculative_config, draft)
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
         limits = [self.model_config.max_position_embeddings, self.runner.num_blocks * self.config.block_size]
         if self.config.max_model_len:
@@ -88,13 +90,17 @@ class LLMEngine:
         from ember_cupy.info import describe
         logger.info("%s", describe(self))
 
-    def _speculator(self, config: SpeculativeConfig | None, progress) -> Speculator | None:
+    def _draft_model(self, config: SpeculativeConfig | None, xp, progress) -> DraftModelProposer | None:
+        """The draft model's weights, on the backend before the target's pool is sized."""
+        if config is None or config.method != "draft_model":
+            return None
+        return DraftModelProposer.load(config.model, self.checkpoint, self.config, xp, progress)
+
+    def _speculator(self, config: SpeculativeConfig | None, proposer: DraftModelProposer | None) -> Speculator | None:
         if config is None:
             return None
-        proposer = None
-        if config.method == "draft_model":
-            proposer = DraftModelProposer.load(config.model, self.checkpoint, self.config, self.runner.num_blocks,
-                                               self.runner.xp, progress)
+        if proposer is not None:
+            proposer.allocate_pool(self.runner.num_blocks)
             self.scheduler.on_free = proposer.release
         costs = StepCosts()
         k = config.num_speculative_tokens

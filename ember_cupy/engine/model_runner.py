@@ -56,10 +56,13 @@ def device_kv_bytes(config: EngineConfig, model: ModelConfig, itemsize: int) -> 
     the device free plus room for one step's activations and logits."""
     import cupy
     free, total = cupy.cuda.runtime.memGetInfo()
+    return int(free - (1.0 - config.gpu_memory_utilization) * total - step_workspace_bytes(config, model, itemsize))
+
+
+def step_workspace_bytes(config: EngineConfig, model: ModelConfig, itemsize: int) -> int:
+    """Device bytes one step may hold besides the pool: its activations and its logits."""
     row = model.hidden_size * 4 + (model.q_size + 2 * model.kv_size) + 2 * model.intermediate_size
-    activations = 2 * config.max_num_batched_tokens * row * itemsize
-    return int(free - (1.0 - config.gpu_memory_utilization) * total - activations
-               - logits_workspace_bytes(config, model))
+    return 2 * config.max_num_batched_tokens * row * itemsize + logits_workspace_bytes(config, model)
 
 
 def logits_workspace_bytes(config: EngineConfig, model: ModelConfig) -> int:
@@ -79,9 +82,20 @@ def kv_block_bytes(model: ModelConfig, block_size: int, itemsize: int) -> int:
     return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * itemsize
 
 
+@dataclass(frozen=True)
+class PoolShare:
+    """What a device KV pool sized from free memory leaves to another pool on the same device (a
+    draft model's): block_bytes for each of its own blocks, and fixed_bytes besides."""
+    block_bytes: int = 0
+    fixed_bytes: int = 0
+
+
 class ModelRunner:
+    """The model's weights on the backend and its paged KV pool. With defer_pool the pool waits for
+    allocate_pool() (a draft model's weights are resident before the target sizes its pool)."""
+
     def __init__(self, checkpoint: Checkpoint, config: EngineConfig, xp=np, dtype=None,
-                 consume_checkpoint: bool = False):
+                 consume_checkpoint: bool = False, pool_share: PoolShare = PoolShare(), defer_pool: bool = False):
         self.model_config = checkpoint.config
         self.config = config
         self.xp = xp
@@ -95,17 +109,28 @@ class ModelRunner:
                                 activations=ActivationQuantization(config.activation_passes,
                                                                    config.second_pass_threshold),
                                 deterministic=config.deterministic)
-        kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype, xp, self.quantization)
-        itemsize = kv_dtype.itemsize
-        pool_bytes = config.kv_cache_memory if xp is np else device_kv_bytes(config, self.model_config, itemsize)
-        self.num_blocks = config.num_kv_blocks or max(
-            1, pool_bytes // kv_block_bytes(self.model_config, config.block_size, itemsize))
-        shape = (self.num_blocks, config.block_size, self.model_config.num_kv_heads, self.model_config.head_dim)
-        zeros = lazily_zeroed if xp is np else xp.zeros
-        self.kv_caches = [(zeros(shape, kv_dtype), zeros(shape, kv_dtype))
-                          for _ in range(self.model_config.num_layers)]
+        self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype, xp, self.quantization)
+        self.block_bytes = kv_block_bytes(self.model_config, config.block_size, self.kv_dtype.itemsize)
         self.step_buffers = StepBuffers(xp) if xp is not np else None
-        if xp is not np:
+        self.num_blocks, self.kv_caches = 0, []
+        if not defer_pool:
+            self.allocate_pool(config.num_kv_blocks or self._blocks_that_fit(pool_share))
+
+    def _blocks_that_fit(self, share: PoolShare) -> int:
+        """NumPy: kv_cache_memory's worth. CuPy: the device memory left, shared with `share`."""
+        if self.xp is np:
+            return max(1, self.config.kv_cache_memory // self.block_bytes)
+        pool_bytes = device_kv_bytes(self.config, self.model_config, self.kv_dtype.itemsize) - share.fixed_bytes
+        return max(1, pool_bytes // (self.block_bytes + share.block_bytes))
+
+    def allocate_pool(self, num_blocks: int) -> None:
+        """The KV pool of num_blocks blocks (then, on a device, the start-up check: warmup.py)."""
+        self.num_blocks = num_blocks
+        shape = (num_blocks, self.config.block_size, self.model_config.num_kv_heads, self.model_config.head_dim)
+        zeros = lazily_zeroed if self.xp is np else self.xp.zeros
+        self.kv_caches = [(zeros(shape, self.kv_dtype), zeros(shape, self.kv_dtype))
+                          for _ in range(self.model_config.num_layers)]
+        if self.xp is not np:
             warm_up(self)
 
     def dummy_step(self):
