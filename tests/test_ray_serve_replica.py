@@ -1,6 +1,7 @@
-"""An engine replica and the ingress's app, built in this process from the application's own
+"""An engine replica and the ingress, built in this process from the application's own
 arguments (app.replica_kwargs / ingress_kwargs) on the real model, the Ray handle between them a
-stand-in that calls the replica directly (tests/test_ray_serve.py drives a live cluster): what
+stand-in that calls the replica directly, Serve's HTTP proxy in front a stand-in too
+(serve_proxy.py; tests/test_ray_serve.py drives a live cluster): what
 the plain server honours, the replicas honour too: each prompt's index in its request, and
 --prepare-timeout on the ingress (tokenizing, chat templates) and on the replicas (grammar compiles)."""
 from __future__ import annotations
@@ -11,10 +12,19 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from types import SimpleNamespace
 
+import httpx
 import pytest
 
 pytest.importorskip("ray.serve", reason="needs the ray extra: pip install 'ember-cupy[ray]'")
+
+pytest.importorskip("uvicorn", reason="Serve's proxy stand-in runs on uvicorn (a ray[serve] dependency)")
+
+from serve_proxy import ProxyServer  # noqa: E402
+
+from ember_cupy.server.api import ServerSettings  # noqa: E402
+from ember_cupy.server.launcher import Server  # noqa: E402
 
 MODEL = "smol"
 SLOW_MARKER = "SLOW"      # a text (or a regex) whose preparation takes SLOW_SECONDS
@@ -92,10 +102,14 @@ def recording_engine(checkpoint, config):
 
 
 class SlowTokenizer:
+    """The model's tokenizer, slow on SLOW_MARKER, recording each text it encodes."""
+
     def __init__(self, tokenizer):
         self._tokenizer = tokenizer
+        self.encoded: list[str] = []
 
     def encode(self, text, *args, **kwargs):
+        self.encoded.append(text)
         if SLOW_MARKER in text:
             time.sleep(SLOW_SECONDS)
         return self._tokenizer.encode(text, *args, **kwargs)
@@ -105,8 +119,9 @@ class SlowTokenizer:
 
 
 @pytest.fixture(scope="module")
-def app(checkpoint):
-    """(base URL of the ingress's app, the replica's engine), on a loop in a thread of its own."""
+def served(checkpoint):
+    """url (Serve's proxy stand-in before the ingress), replica, ingress, plain_url (`ember-cupy
+    serve`'s app on the replica's engine, to compare with) and loop (all of them run on it)."""
     from ember_cupy.ray_serve import replica as replica_module
     from ember_cupy.ray_serve.app import RayServeArgs, ingress_kwargs, replica_kwargs
     from ember_cupy.ray_serve.ingress import OpenAIIngress
@@ -128,17 +143,28 @@ def app(checkpoint):
         ingress = OpenAIIngress.__new__(OpenAIIngress)
         await ingress.__init__(LocalHandle(replica), **ingress_kwargs(args))
         ingress.engine.tokenizer = SlowTokenizer(ingress.engine.tokenizer)
-        return replica, ingress
+        replica.engine.engine.tokenizer = SlowTokenizer(replica.engine.engine.tokenizer)
+        proxy = ProxyServer(ingress)
+        plain = Server(replica.engine, ServerSettings(**ingress_kwargs(args)["server_settings"], port=0))
+        await plain.start()
+        return SimpleNamespace(url=await proxy.start(), replica=replica, ingress=ingress, proxy=proxy,
+                               plain=plain, plain_url=f"http://127.0.0.1:{plain.port}", loop=loop)
 
-    replica, ingress = asyncio.run_coroutine_threadsafe(start(), loop).result(300)
-    yield ingress.base_url, replica.engine.engine
+    served = asyncio.run_coroutine_threadsafe(start(), loop).result(300)
+    yield served
 
     async def stop():
-        await ingress.session.close()
-        await ingress.server.stop(drain_timeout=0)
-        await replica.engine.shutdown()
+        await served.proxy.stop()
+        await served.ingress.stop()
+        await served.plain.stop(drain_timeout=0)   # and the replica's engine
     asyncio.run_coroutine_threadsafe(stop(), loop).result(60)
     loop.call_soon_threadsafe(loop.stop)
+
+
+@pytest.fixture(scope="module")
+def app(served):
+    """(base URL of the ingress, the replica's engine)."""
+    return served.url, served.replica.engine.engine
 
 
 def post(url: str, path: str, body: dict) -> tuple[int, dict]:
@@ -182,3 +208,74 @@ def test_a_replica_times_out_a_slow_grammar_compile_with_a_408(app):
     assert status == 408 and body["error"]["code"] == "timeout", body
     status, body = post(url, "/v1/completions", {**slow, "structured_outputs": {"regex": "[0-9]+"}})
     assert status == 200, body
+
+
+def test_a_prompt_is_tokenized_once_on_the_ingress_and_never_on_the_replica(served):
+    prompt = "Tokenize me exactly once, please:"
+    ingress_seen, replica_seen = served.ingress.engine.tokenizer.encoded, served.replica.engine.engine.tokenizer.encoded
+    status, body = post(served.url, "/v1/completions", {"prompt": prompt, "max_tokens": 1})
+    assert status == 200, body
+    assert ingress_seen.count(prompt) == 1
+    assert prompt not in replica_seen
+
+
+def _stream(url: str, max_tokens: int):
+    body = {"model": MODEL, "prompt": "Tell me a long story about a dragon.", "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": True}
+    return httpx.stream("POST", url + "/v1/completions", json=body, timeout=120)
+
+
+def test_sse_arrives_while_the_replica_is_still_generating(served):
+    engine = served.replica.engine.engine
+    with _stream(served.url, max_tokens=120) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        lines = response.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(first[6:])["choices"][0]["text"] is not None
+        assert engine.num_running + engine.num_waiting == 1   # a buffered answer would come after the end
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]" and len(rest) >= 100
+
+
+def test_a_client_that_leaves_aborts_its_request_on_the_replica(served):
+    replica, engine = served.replica, served.replica.engine.engine
+    cancelled = replica.requests_cancelled
+    with _stream(served.url, max_tokens=200) as response:
+        lines = response.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+        assert engine.num_running + engine.num_waiting == 1
+    deadline = time.monotonic() + 30
+    while not (replica.requests_cancelled == cancelled + 1 and engine.num_running + engine.num_waiting == 0
+               and replica.engine.num_in_flight == 0
+               and engine.block_manager.num_free_blocks == engine.block_manager.num_blocks):
+        assert time.monotonic() < deadline, (replica.requests_cancelled, engine.num_running,
+                                             engine.block_manager.num_free_blocks)
+        time.sleep(0.1)
+
+
+JSON = {"Content-Type": "application/json"}
+BAD_REQUESTS = [   # (method, path, body, headers)
+    ("POST", "/v1/completions", b'{"prompt": "x",', JSON),
+    ("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": "x"}).encode(), {"Content-Type": "text/plain"}),
+    ("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "max_tokens": -1}).encode(), JSON),
+    ("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": "word " * 300}).encode(), JSON),
+    ("POST", "/v1/completions", b'{"prompt": "' + b"x" * (4 << 20) + b'"}', JSON),
+    ("POST", "/v1/chat/completions", json.dumps({"model": "gpt-9", "messages": []}).encode(), JSON),
+    ("POST", "/v1/messages", json.dumps({"model": MODEL, "max_tokens": 1}).encode(), JSON),
+    ("PUT", "/v1/chat/completions", b"{}", JSON),
+    ("GET", "/v1/nothing?x=1", b"", {}),
+]
+# set by each server (and Serve's proxy) for its own connection, or for the moment
+_PER_CONNECTION = {"date", "server", "content-length", "connection", "keep-alive", "transfer-encoding"}
+
+
+def _answer(url: str, method: str, path: str, body: bytes, headers: dict) -> tuple[int, dict, bytes]:
+    response = httpx.request(method, url + path, content=body, headers=headers, timeout=60)
+    kept = {k: v for k, v in response.headers.items() if k not in _PER_CONNECTION}
+    return response.status_code, kept, response.content
+
+
+@pytest.mark.parametrize("case", BAD_REQUESTS, ids=lambda case: f"{case[0]} {case[1]} {len(case[2])}B")
+def test_bad_requests_get_the_plain_servers_status_headers_and_body(served, case):
+    ours, plain = _answer(served.url, *case), _answer(served.plain_url, *case)
+    assert 400 <= ours[0] < 500 and ours == plain

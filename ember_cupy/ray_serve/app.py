@@ -34,7 +34,7 @@ class RayServeArgs(BaseModel):
     num_gpus_per_replica: float = 0.0
     num_threads_per_replica: int | None = None     # EMBER_NUM_THREADS of each replica (host kernels)
     max_ongoing_requests: int = 128                # per engine replica (Serve's default, 5, starves batching)
-    ingress_max_ongoing_requests: int = Field(MAX_ONGOING_REQUESTS, ge=1)  # streams the ingress relays at once
+    ingress_max_ongoing_requests: int = Field(MAX_ONGOING_REQUESTS, ge=1)  # requests one ingress replica serves at once
     router: Literal["prefix", "round_robin", "power_of_two"] = "prefix"
     router_kwargs: dict = Field(default_factory=dict)   # PrefixAwareRouter.initialize_state's
     routing_stats_period_s: float = 0.5
@@ -66,7 +66,7 @@ def ingress_kwargs(args: RayServeArgs) -> dict:
     """OpenAIIngress's arguments, but for the engine handle."""
     return {"model": args.model, "server_settings": {"served_model_names": args.served_model_name,
                                                      **args.server_settings},
-            "max_ongoing_requests": args.ingress_max_ongoing_requests, "prepare_timeout": args.prepare_timeout}
+            "prepare_timeout": args.prepare_timeout}
 
 
 def _replica_options(args: RayServeArgs) -> dict:

@@ -120,6 +120,13 @@ async def _start_engine(app: web.Application) -> None:
         app[START_TASK_KEY] = task
 
 
+async def wait_engine_started(app: web.Application) -> None:
+    """Until the engine build_app started in the background is loaded (or failed to load)."""
+    task = app.get(START_TASK_KEY)
+    if task is not None:
+        await asyncio.shield(task)
+
+
 async def _stop_engine(app: web.Application) -> None:
     await app[ENGINE_KEY].shutdown(drain_timeout=0)
 

@@ -35,29 +35,35 @@ def describe_parse_error(exc: BaseException) -> str:
     return reason if len(reason) <= _MAX_REASON else reason[:_MAX_REASON - 3] + "..."
 
 
+def error_response(request, status: int = 500, exc: BaseException | None = None) -> web.StreamResponse:
+    """aiohttp's RequestHandler.handle_error in OpenAI's shape: the answer to an error past every
+    middleware (also the Ray ingress's, which calls the app without a connection)."""
+    if request.writer.output_size > 0:   # as aiohttp: too late for another response
+        raise ConnectionError("Response is sent already, cannot send another response "
+                              "with the error message")
+    if isinstance(exc, HttpProcessingError):
+        reason = describe_parse_error(exc)
+        log.warning("bad HTTP request from %s: %s", request.remote, reason)
+        error = APIError(400, f"malformed HTTP request: {reason}", code="bad_http_request")
+    elif isinstance(exc, ConnectionError):   # the client left (e.g. mid-body): nobody to answer
+        log.debug("client %s went away during %s %s: %s", request.remote, request.method,
+                  request.path, type(exc).__name__)
+        error = APIError(499, "client closed the connection", code="client_closed")
+    elif status == 504:
+        log.warning("request handler timed out: %s %s", request.method, request.path)
+        error = APIError(504, "the request handler timed out", code="timeout")
+    else:   # an exception past every middleware: a bug, so keep its traceback
+        log.error("unhandled error handling a request from %s", request.remote, exc_info=exc)
+        error = APIError(500, "internal server error", code="internal_error")
+    response = error.response()
+    response.force_close()
+    return response
+
+
 class JSONErrorRequestHandler(web_protocol.RequestHandler):
     def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
-        if request.writer.output_size > 0:   # as aiohttp: too late for another response
-            raise ConnectionError("Response is sent already, cannot send another response "
-                                  "with the error message")
-        if isinstance(exc, HttpProcessingError):
-            reason = describe_parse_error(exc)
-            log.warning("bad HTTP request from %s: %s", request.remote, reason)
-            error = APIError(400, f"malformed HTTP request: {reason}", code="bad_http_request")
-        elif isinstance(exc, ConnectionError):   # the client left (e.g. mid-body): nobody to answer
-            log.debug("client %s went away during %s %s: %s", request.remote, request.method,
-                      request.path, type(exc).__name__)
-            error = APIError(499, "client closed the connection", code="client_closed")
-        elif status == 504:
-            log.warning("request handler timed out: %s %s", request.method, request.path)
-            error = APIError(504, "the request handler timed out", code="timeout")
-        else:   # an exception past every middleware: a bug, so keep its traceback
-            log.error("unhandled error handling a request from %s", request.remote, exc_info=exc)
-            error = APIError(500, "internal server error", code="internal_error")
-        response = error.response()
-        response.force_close()
-        return response
+        return error_response(request, status, exc)
 
 
 class _Server(web.Server):

@@ -10,7 +10,7 @@ import threading
 
 from aiohttp import web
 
-from ember_cupy.server.api import START_TASK_KEY, ServerSettings, build_app
+from ember_cupy.server.api import START_TASK_KEY, ServerSettings, build_app, wait_engine_started
 from ember_cupy.server.async_engine import AsyncEngine, EngineState
 from ember_cupy.server.http_handler import AppRunner
 
@@ -67,9 +67,7 @@ class Server:
         self.port = self.runner.addresses[0][1]
 
     async def wait_ready(self) -> None:
-        task = self.app.get(START_TASK_KEY)
-        if task is not None:
-            await asyncio.shield(task)
+        await wait_engine_started(self.app)
 
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Stop admitting (503), let in-flight requests finish for drain_timeout seconds,
