@@ -110,12 +110,13 @@ class EngineConfig:
     # Quantized matmuls quantize their input to int8 blocks: 2 passes (the values, then their
     # residual: ~14 bits) or 1 (llama.cpp's scheme: up to 2x faster prefill and batched decode,
     # top-1 agreement down to 89.5% with fp32 on the reference fixtures). The second pass covers
-    # only the blocks whose d^2 >= second_pass_threshold x the row's mean d^2, where most of the
-    # rounding error is: 0.35 takes about half the blocks (teacher-forced fixtures: 99.3% top-1
-    # agreement, worst prompt 96.8%, max KL 5.4e-3); 0 takes every block (99.8%, worst 98.9%, max
-    # KL 1e-5, the most integer work).
+    # the blocks whose d^2 >= second_pass_threshold x the row's mean d^2. 0 takes every block:
+    # teacher-forced fixtures 99.9% top-1 agreement, worst prompt 98.9%, max KL 1.1e-5. The SIMD
+    # and AMX paths compute every block's second pass and drop the skipped ones by a lane mask (a
+    # branch on x's blocks mispredicts), so a higher threshold (0.35: about half the blocks; 99.1%,
+    # worst 96.8%, max KL 5.4e-3) saves integer work only on the portable and NEON paths.
     activation_passes: int = 2
-    second_pass_threshold: float = 0.35
+    second_pass_threshold: float = 0.0
     # Storage of the K/V pools: auto = float16 on the NumPy backend with host kernels (half the
     # bytes per block, and half what attention reads) unless quantization="none" (the exact fp32
     # reference), else the model dtype (ember_cupy/ops/cache.py: resolve_kv_cache_dtype).
