@@ -16,9 +16,9 @@ NumPy twin computes the same, without dequantizing every matrix on every call, a
 (32 bits a weight against the 4.5-8.5 of the blocks); a 16-bit float matrix is widened once to a
 float32 one (NumPy's GEMM: its twin's emulated FMAs would be far slower).
 
-On a device (xp is not NumPy) the CUDA kernels (cuda/matmul_q.cu) serve Q8_0, Q4_0 and Q4_1 as
-stored, on the device; with auto, other GGUF types (and stacks, and 16-bit floats) are
-dequantized to the device dtype instead.
+On a device (xp is not NumPy) the CUDA kernels (cuda/matmul_q.cu) serve Q8_0, Q4_0, Q4_1, Q4_K
+and Q6_K (quant.DEVICE_FORMATS) as stored, on the device; with auto, other GGUF types (and stacks
+whose parts differ in format, and 16-bit floats) are dequantized to the device dtype instead.
 
 A float linear weight is stored [in, out] (`x @ W`), a quantized one [out, in] as GGUF rows.
 """

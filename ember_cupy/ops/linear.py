@@ -33,7 +33,7 @@ GEMV_MAX_ROWS = 8
 GEMV_ROWS_PER_BLOCK = 8          # weight rows per block of the GEMV (cuda/matmul_q.cu kRowsPerBlock)
 THREADS = 128                    # both kernels: 4 warps
 SCRATCH_BYTES = 64 << 20         # dequantized slice of W in the large-M path
-_FORMAT_NAMES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
+_FORMAT_NAMES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1", "Q4_K": "q4_k", "Q6_K": "q6_k"}
 
 
 class WeightPart(ctypes.Structure):
