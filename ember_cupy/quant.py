@@ -179,6 +179,24 @@ class DeviceQuantizedWeight:
         return values.reshape(count, self.shape[1]).astype(np.float32, copy=False)
 
 
+@dataclass(frozen=True)
+class DeviceStack:
+    """A matrix whose consecutive row ranges are DeviceQuantizedWeights of different formats (a
+    K-quant file's q/k/v or gate/up: Q4_K and Q6_K parts); a matmul computes the parts in turn."""
+    parts: tuple[DeviceQuantizedWeight, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def dequantize(self) -> np.ndarray:
+        return np.concatenate([p.dequantize() for p in self.parts])
+
+
 def to_device_format(tensor: QuantizedTensor, put_raw) -> DeviceQuantizedWeight:
     """GGUF rows in a DEVICE_FORMATS format -> quants and scales, each moved by `put_raw` (e.g. cupy.asarray)."""
     if tensor.qtype not in DEVICE_FORMATS:
