@@ -5,8 +5,8 @@ A `QuantizedTensor` is a matrix [rows, cols] stored row by row as GGUF blocks of
 F16 or BF16: 2 bytes a value, from a GGUF file or a safetensors checkpoint), which the host
 serves as stored (ember_cupy/half_weight.py). The host kernels read a
 `PackedWeight` (ember_cupy/packed_weight.py): the same blocks with 8 rows interleaved.
-The CUDA kernels read a `DeviceQuantizedWeight`: Q8_0, Q4_0 or Q4_1 blocks split into quants and
-f16 scales (layout in cuda/matmul_q.cu), on the device, the same bytes per weight.
+The CUDA kernels read a `DeviceQuantizedWeight`: Q8_0, Q4_0, Q4_1, Q4_K or Q6_K blocks split into
+quants and scales (layout in cuda/matmul_q.cu), on the device, the same bytes per weight.
 """
 from __future__ import annotations
 
@@ -14,10 +14,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-BLOCK = 32
+from ember_cupy.gguf_values import BLOCK, dequantize_values, gguf_values
+
 HALF_TYPES = ("F16", "BF16")     # 16-bit float matrices: widened in registers, never quantized
-# formats cuda/matmul_q.cu computes on, and the bytes of a GGUF block (scales first, then quants)
-DEVICE_FORMATS = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+# formats cuda/matmul_q.cu computes on, and the bytes of a GGUF block (32 weights; 256 for the K-quants)
+DEVICE_FORMATS = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q4_K": 144, "Q6_K": 210}
+# where a block's scales lie in it (first byte, bytes); the rest are its quants
+_DEVICE_SCALES = {"Q8_0": (0, 2), "Q4_0": (0, 2), "Q4_1": (0, 4), "Q4_K": (0, 16), "Q6_K": (192, 18)}
+K_QUANT_BLOCK = 256
+
+
+def block_columns(qtype: str) -> int:
+    """Columns of a GGUF block of `qtype`: 256 for the K-quants, else 32."""
+    return K_QUANT_BLOCK if qtype.endswith("_K") else BLOCK
 
 
 @dataclass(frozen=True)
@@ -132,10 +141,13 @@ def fake_quantize_activations(x: np.ndarray, scheme: ActivationQuantization = ON
 
 @dataclass(frozen=True)
 class DeviceQuantizedWeight:
-    """A Q8_0 / Q4_0 / Q4_1 matrix [rows, cols] as cuda/matmul_q.cu reads it: `quants` uint8
-    [rows, cols] (Q8_0's int8 values) or [rows, cols / 2] (the GGUF nibbles), `scales` float16
-    [rows, cols / 32] (d) or, for Q4_1, [rows, cols / 32, 2] (d, m). The arrays live on the
-    backend's device (NumPy arrays in the kernel tests)."""
+    """A matrix [rows, cols] in a DEVICE_FORMATS format as cuda/matmul_q.cu reads it: each GGUF
+    block split into its scales and its quants. Q8_0 / Q4_0 / Q4_1: `quants` uint8 [rows, cols]
+    (Q8_0's int8 values) or [rows, cols / 2] (the GGUF nibbles), `scales` float16 [rows, cols / 32]
+    (d) or, for Q4_1, [rows, cols / 32, 2] (d, m). Q4_K / Q6_K: `quants` uint8 [rows, blocks *
+    (block bytes - scale bytes)], each block's quant bytes as stored, `scales` uint8 [rows, blocks,
+    16 or 18], each block's header bytes as stored. The arrays live on the backend's device (NumPy
+    arrays in the kernel tests)."""
     qtype: str
     quants: object
     scales: object
@@ -146,12 +158,17 @@ class DeviceQuantizedWeight:
         return int(self.quants.nbytes) + int(self.scales.nbytes)
 
     def dequantize(self, rows=None) -> np.ndarray:
-        """float32 [rows, cols] from host arrays (the kernels' NumPy twin); w = d*q, d*(q - 8), d*q + m."""
+        """float32 [rows, cols] from host arrays (the kernels' NumPy twin); w = d*q, d*(q - 8),
+        d*q + m; the K-quants through the host kernels' reference (gguf_values)."""
         quants, scales = np.asarray(self.quants), np.asarray(self.scales)
         if rows is not None:
             index = np.asarray(rows, dtype=np.int64).reshape(-1)
             quants, scales = quants[index], scales[index]
-        count, nb = quants.shape[0], self.shape[1] // BLOCK
+        count = quants.shape[0]
+        if self.qtype.endswith("_K"):
+            tensor = QuantizedTensor(self.qtype, gguf_blocks(self.qtype, quants, scales), (count, self.shape[1]))
+            return dequantize_values(self.qtype, *gguf_values(tensor))
+        nb = self.shape[1] // BLOCK
         d = (scales[..., 0] if self.qtype == "Q4_1" else scales).astype(np.float32)[..., None]
         if self.qtype == "Q8_0":
             values = quants.view(np.int8).reshape(count, nb, BLOCK) * d
@@ -162,14 +179,41 @@ class DeviceQuantizedWeight:
         return values.reshape(count, self.shape[1]).astype(np.float32, copy=False)
 
 
+@dataclass(frozen=True)
+class DeviceStack:
+    """A matrix whose consecutive row ranges are DeviceQuantizedWeights of different formats (a
+    K-quant file's q/k/v or gate/up: Q4_K and Q6_K parts); a matmul computes the parts in turn."""
+    parts: tuple[DeviceQuantizedWeight, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def dequantize(self) -> np.ndarray:
+        return np.concatenate([p.dequantize() for p in self.parts])
+
+
 def to_device_format(tensor: QuantizedTensor, put_raw) -> DeviceQuantizedWeight:
-    """GGUF Q8_0 / Q4_0 / Q4_1 rows -> quants and scales, each moved by `put_raw` (e.g. cupy.asarray)."""
+    """GGUF rows in a DEVICE_FORMATS format -> quants and scales, each moved by `put_raw` (e.g. cupy.asarray)."""
     if tensor.qtype not in DEVICE_FORMATS:
         raise ValueError(f"no CUDA kernel for {tensor.qtype} blocks (supported: {', '.join(DEVICE_FORMATS)})")
     rows, cols = tensor.shape
-    scale_bytes = 4 if tensor.qtype == "Q4_1" else 2
-    blocks = tensor.data.reshape(rows, cols // BLOCK, DEVICE_FORMATS[tensor.qtype])
-    scales = np.ascontiguousarray(blocks[..., :scale_bytes]).view(np.float16)
-    scales = scales.reshape(rows, cols // BLOCK, 2) if tensor.qtype == "Q4_1" else scales.reshape(rows, -1)
-    quants = np.ascontiguousarray(blocks[..., scale_bytes:]).reshape(rows, -1)
+    first, size = _DEVICE_SCALES[tensor.qtype]
+    blocks = tensor.data.reshape(rows, cols // block_columns(tensor.qtype), DEVICE_FORMATS[tensor.qtype])
+    scales = np.ascontiguousarray(blocks[..., first:first + size])
+    quants = np.concatenate([blocks[..., :first], blocks[..., first + size:]], axis=-1).reshape(rows, -1)
+    if not tensor.qtype.endswith("_K"):
+        scales = scales.view(np.float16)
+        scales = scales.reshape(rows, cols // BLOCK, 2) if tensor.qtype == "Q4_1" else scales.reshape(rows, -1)
     return DeviceQuantizedWeight(tensor.qtype, put_raw(quants), put_raw(scales), tensor.shape)
+
+
+def gguf_blocks(qtype: str, quants: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """The GGUF blocks uint8 [rows, row_bytes] of a K-quant's device arrays (to_device_format's inverse)."""
+    rows, blocks, first = scales.shape[0], scales.shape[1], _DEVICE_SCALES[qtype][0]
+    quants = quants.reshape(rows, blocks, -1)
+    return np.concatenate([quants[..., :first], scales, quants[..., first:]], axis=-1).reshape(rows, -1)

@@ -175,31 +175,48 @@ def _quantized_weight(put, rng, qtype: str, n: int, k: int):
     """Random blocks in the device layout of cuda/matmul_q.cu (any bytes are valid blocks); the
     twin's put turns the f16 scales into float32, exactly."""
     from ember_cupy.quant import DeviceQuantizedWeight
+    if qtype in ("Q4_K", "Q6_K"):
+        return _k_quant_weight(put, rng, qtype, n, k)
     quants = rng.integers(0, 256, (n, k if qtype == "Q8_0" else k // 2), dtype=np.uint8)
     shape = (n, k // 32, 2) if qtype == "Q4_1" else (n, k // 32)
     scales = (rng.standard_normal(shape, dtype=np.float32) * 1e-3).astype(np.float16)   # |w| <~ 0.3, as in models
     return DeviceQuantizedWeight(qtype, put(quants), put(scales), (n, k))
 
 
+def _k_quant_weight(put, rng, qtype: str, n: int, k: int):
+    """Random K-quant blocks in the device layout (uint8 quants and headers as stored), their f16
+    d (and Q4_K's dmin) at 1e-3 so that |w| stays below ~0.1; any other bytes are valid."""
+    from ember_cupy.quant import DEVICE_FORMATS, DeviceQuantizedWeight
+    head = 16 if qtype == "Q4_K" else 18
+    quants = rng.integers(0, 256, (n, k // 256 * (DEVICE_FORMATS[qtype] - head)), dtype=np.uint8)
+    scales = rng.integers(0, 256, (n, k // 256, head), dtype=np.uint8)
+    scale = np.array([1e-3], np.float16).view(np.uint8)
+    for offset in ((0, 2) if qtype == "Q4_K" else (16,)):
+        scales[..., offset:offset + 2] = scale
+    return DeviceQuantizedWeight(qtype, put(quants), put(scales), (n, k))
+
+
 def quantized_cases(dtype: str):
     """matmul_q: the GEMV (1 and 4 rows a read, up to 8 rows), the dequantize + cuBLAS path (64
-    rows), float32 logits from 16-bit x; embedding rows dequantized on the device."""
+    rows), float32 logits from 16-bit x; embedding rows dequantized on the device. Q4_K and Q6_K
+    (blocks of 256) at K = 768, the others at K = 576."""
     from ember_cupy.ops.linear import embedding, matmul_q
-    for qtype in ("Q8_0", "Q4_0", "Q4_1"):
+    for qtype in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"):
+        k = 768 if qtype.endswith("_K") else 576
         for rows in (1, 3, 8, 64):
             yield (f"matmul_q {qtype} M={rows}", matmul_q,
-                   lambda put, rng, q=qtype, m=rows: [put(_randn(rng, (m, 576), dtype)),
-                                                      _quantized_weight(put, rng, q, 1000, 576)],
+                   lambda put, rng, q=qtype, m=rows, k=k: [put(_randn(rng, (m, k), dtype)),
+                                                           _quantized_weight(put, rng, q, 1000, k)],
                    None, [((rows, 1000), dtype)])
         for rows in (3, 64):
             yield (f"matmul_q {qtype} M={rows} float32 logits", matmul_q,
-                   lambda put, rng, q=qtype, m=rows: [put(_randn(rng, (m, 576), dtype)),
-                                                      _quantized_weight(put, rng, q, 1000, 576), None, 1, np.float32],
+                   lambda put, rng, q=qtype, m=rows, k=k: [put(_randn(rng, (m, k), dtype)),
+                                                           _quantized_weight(put, rng, q, 1000, k), None, 1, np.float32],
                    None, [((rows, 1000), "float32")])
         yield (f"embedding {qtype}", embedding,
-               lambda put, rng, q=qtype: [_quantized_weight(put, rng, q, 1000, 576),
-                                          put(np.array([999, 0, 17, 17], np.int32)), _dtype(dtype)],
-               None, [((4, 576), dtype)])
+               lambda put, rng, q=qtype, k=k: [_quantized_weight(put, rng, q, 1000, k),
+                                               put(np.array([999, 0, 17, 17], np.int32)), _dtype(dtype)],
+               None, [((4, k), dtype)])
 
 
 def check_all(xp, to_host, dtypes=DTYPES) -> list[dict]:

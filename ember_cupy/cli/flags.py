@@ -42,7 +42,7 @@ def engine_flags(parser: argparse.ArgumentParser) -> None:
                   "bytes attention reads, except with --quantization none; else the --dtype)")
     add_flag(g, "--quantization", choices=QUANTIZATIONS, default="auto",
              help="weight format: auto = as stored (GGUF blocks stay quantized and bf16/f16 matrices 16-bit: "
-                  "host kernels; on CuPy Q8_0/Q4_0/Q4_1 through CUDA kernels, other GGUF types dequantized), "
+                  "host kernels; on CuPy Q8_0/Q4_0/Q4_1/Q4_K/Q6_K through CUDA kernels, other GGUF types dequantized), "
                   "none = dequantize to float (the exact reference; 16-bit floats stay 16-bit on the CPU), "
                   "q8_0 = quantize every matrix")
     add_flag(g, "--activation-passes", type=int, choices=(1, 2), default=2,

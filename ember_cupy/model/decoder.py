@@ -30,7 +30,7 @@ from ember_cupy.ops.layer import fused_layer_computes, layer_args, decoder_layer
 from ember_cupy.ops.linear import embedding, linear, matmul_q
 from ember_cupy.half_weight import HalfWeight
 from ember_cupy.packed_weight import PackedWeight, StackedWeight
-from ember_cupy.quant import ActivationQuantization, DeviceQuantizedWeight
+from ember_cupy.quant import ActivationQuantization, DeviceQuantizedWeight, DeviceStack
 
 
 _LM_HEAD_SLICE = 1024
@@ -131,7 +131,8 @@ class DecoderModel:
         kernels or the device's GEMV, whose rows do not depend on each other (a float matrix goes
         through NumPy's or cuBLAS's GEMM)."""
         matrices = [self.lm_head] + [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        return all(isinstance(m, (PackedWeight, StackedWeight, HalfWeight, DeviceQuantizedWeight)) for m in matrices)
+        return all(isinstance(m, (PackedWeight, StackedWeight, HalfWeight, DeviceQuantizedWeight, DeviceStack))
+                   for m in matrices)
 
     def weight_bytes(self) -> int:
         """Bytes of all weights as served (the tied LM head counted once)."""

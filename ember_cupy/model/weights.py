@@ -16,9 +16,10 @@ NumPy twin computes the same, without dequantizing every matrix on every call, a
 (32 bits a weight against the 4.5-8.5 of the blocks); a 16-bit float matrix is widened once to a
 float32 one (NumPy's GEMM: its twin's emulated FMAs would be far slower).
 
-On a device (xp is not NumPy) the CUDA kernels (cuda/matmul_q.cu) serve Q8_0, Q4_0 and Q4_1 as
-stored, on the device; with auto, other GGUF types (and stacks, and 16-bit floats) are
-dequantized to the device dtype instead.
+On a device (xp is not NumPy) the CUDA kernels (cuda/matmul_q.cu) serve Q8_0, Q4_0, Q4_1, Q4_K
+and Q6_K (quant.DEVICE_FORMATS) as stored, on the device, a stack of parts in different ones as
+a DeviceStack; with auto, other GGUF types (and a stack with a part in one, and 16-bit floats)
+are dequantized to the device dtype instead.
 
 A float linear weight is stored [in, out] (`x @ W`), a quantized one [out, in] as GGUF rows.
 """
@@ -30,14 +31,16 @@ from ember_cupy.half_weight import HalfWeight, is_half
 from ember_cupy.ops import _host
 from ember_cupy.ops.pack import to_kernel_format
 from ember_cupy.packed_weight import DequantizedWeight, PackedWeight, StackedWeight, stack
-from ember_cupy.quant import (DEVICE_FORMATS, DeviceQuantizedWeight, QuantizedStack, QuantizedTensor, quantize_q8_0,
+from ember_cupy.quant import (DEVICE_FORMATS, DeviceQuantizedWeight, DeviceStack, QuantizedStack, QuantizedTensor, quantize_q8_0,
                               to_device_format)
 
 
 def _quantized(tensor: QuantizedTensor | QuantizedStack, quantization: str, xp):
     if quantization == "q8_0" and (isinstance(tensor, QuantizedStack) or tensor.qtype != "Q8_0"):
         tensor = quantize_q8_0(tensor.dequantize())
-    if xp is not np and not isinstance(tensor, QuantizedStack):
+    if xp is not np:
+        if isinstance(tensor, QuantizedStack):
+            return DeviceStack(tuple(to_device_format(part, xp.asarray) for part in tensor.parts))
         return to_device_format(tensor, xp.asarray)
     parts = list(tensor.parts) if isinstance(tensor, QuantizedStack) else [tensor]
     if _host.unavailable() is not None:
@@ -50,7 +53,8 @@ def _served_as_float(tensor: QuantizedTensor | QuantizedStack, quantization: str
         return _host.unavailable() is not None
     if quantization == "none":
         return True
-    on_device_as_float = isinstance(tensor, QuantizedStack) or tensor.qtype not in DEVICE_FORMATS
+    parts = tensor.parts if isinstance(tensor, QuantizedStack) else (tensor,)
+    on_device_as_float = any(part.qtype not in DEVICE_FORMATS for part in parts)
     return xp is not np and quantization == "auto" and on_device_as_float
 
 
@@ -79,4 +83,5 @@ def vocab_matrix(weight, quantization: str, put, xp=np):
 
 def is_quantized(weight) -> bool:
     """Served by ops/linear.py matmul_q: quantized, or 16-bit floats in the host kernel's panels."""
-    return isinstance(weight, (PackedWeight, StackedWeight, HalfWeight, DequantizedWeight, DeviceQuantizedWeight))
+    return isinstance(weight, (PackedWeight, StackedWeight, HalfWeight, DequantizedWeight, DeviceQuantizedWeight,
+                               DeviceStack))

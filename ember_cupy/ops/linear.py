@@ -9,7 +9,8 @@ kept in its GGUF blocks.
   x as it is (not quantized) times W widened in registers, or its twin `matmul_16bit_numpy`;
 - `DequantizedWeight` (host, no kernels here): the twin, on W dequantized once at load;
 - `DeviceQuantizedWeight` (CUDA): weight-only, x stays in its float dtype; cuda/matmul_q.cu or its
-  NumPy twin `matmul_q_cuda_numpy` (x @ dequantized W^T in fp32).
+  NumPy twin `matmul_q_cuda_numpy` (x @ dequantized W^T in fp32); a `DeviceStack` of them (parts
+  in different formats) part by part.
 For up to GEMV_MAX_ROWS rows the GEMV kernel reads W once per 4 rows of x; above, W is
 dequantized into a scratch slice by slice and multiplied by cuBLAS on tensor cores. Why 8 (an
 H200 estimate, no measurement): the GEMV spends ~3 issue slots per weight per 4-row read on
@@ -27,13 +28,14 @@ from ember_cupy.ops import _cuda, _host
 from ember_cupy.half_weight import HalfWeight, matmul_16bit_numpy
 from ember_cupy.ops._kernel import array_module, i32, kernel
 from ember_cupy.packed_weight import DequantizedWeight, PackedWeight, StackedWeight
-from ember_cupy.quant import ONE_PASS, ActivationQuantization, DeviceQuantizedWeight, QuantizedTensor, fake_quantize_activations
+from ember_cupy.quant import (ONE_PASS, ActivationQuantization, DeviceQuantizedWeight, DeviceStack, QuantizedTensor,
+                              fake_quantize_activations)
 
 GEMV_MAX_ROWS = 8
 GEMV_ROWS_PER_BLOCK = 8          # weight rows per block of the GEMV (cuda/matmul_q.cu kRowsPerBlock)
 THREADS = 128                    # both kernels: 4 warps
 SCRATCH_BYTES = 64 << 20         # dequantized slice of W in the large-M path
-_FORMAT_NAMES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
+_FORMAT_NAMES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1", "Q4_K": "q4_k", "Q6_K": "q6_k"}
 
 
 class WeightPart(ctypes.Structure):
@@ -55,7 +57,7 @@ HOST_WEIGHTS = (PackedWeight, StackedWeight, HalfWeight, DequantizedWeight)   # 
 def linear(x, weight, activations: ActivationQuantization = ONE_PASS, deterministic: bool = False):
     """x [T, in] -> [T, out]; `activations`: how x is quantized for a host-quantized weight;
     `deterministic`: a device-quantized weight's rows computed alike whatever T (matmul_q_cuda)."""
-    if isinstance(weight, HOST_WEIGHTS + (DeviceQuantizedWeight,)):
+    if isinstance(weight, HOST_WEIGHTS + (DeviceQuantizedWeight, DeviceStack)):
         return matmul_q(x, weight, activations=activations, deterministic=deterministic)
     return float_matmul(x, weight)
 
@@ -104,7 +106,11 @@ def matmul_q(x, weight, library=None, activations: ActivationQuantization = ONE_
     result never depends on M, so `deterministic` changes nothing here). HalfWeight (or a
     StackedWeight's 16-bit part): x as it is, whatever `activations` says.
     DeviceQuantizedWeight: out in x's dtype, or `out_dtype` (float32 for the LM head's logits);
-    `deterministic`: the GEMV for every M (matmul_q_cuda)."""
+    `deterministic`: the GEMV for every M (matmul_q_cuda). DeviceStack: its parts' outputs side by side.
+    """
+    if isinstance(weight, DeviceStack):
+        return array_module(x).concatenate([matmul_q(x, part, out_dtype=out_dtype, deterministic=deterministic)
+                                            for part in weight.parts], axis=1)
     if isinstance(weight, DeviceQuantizedWeight):
         if _cuda.wants_kernel(x):
             return matmul_q_cuda(x, weight, out_dtype, deterministic)
