@@ -9,6 +9,7 @@ from tokenizers import processors
 
 from ember_cupy import LLM, SamplingParams
 from ember_cupy.config import EngineConfig
+from ember_cupy.engine.input_processor import InputProcessor
 from ember_cupy.engine.llm_engine import LLMEngine
 from tiny_model import VOCAB, write_tiny_checkpoint
 
@@ -66,7 +67,7 @@ def test_llm_chat_prompt_has_one_bos(bos_model):
 def test_cli_chat_prompt_has_one_bos(bos_model, monkeypatch, capsys):
     from ember_cupy import cli
     seen = []
-    original = LLMEngine._prompt_ids
+    original = InputProcessor._prompt_ids
 
     def recording(self, prompt, *args):
         text, ids = original(self, prompt, *args)
@@ -81,7 +82,7 @@ def test_cli_chat_prompt_has_one_bos(bos_model, monkeypatch, capsys):
         except StopIteration:
             raise EOFError from None
 
-    monkeypatch.setattr(LLMEngine, "_prompt_ids", recording)
+    monkeypatch.setattr(InputProcessor, "_prompt_ids", recording)
     monkeypatch.setattr("builtins.input", fake_input)
     assert cli.main(["chat", "--model", bos_model, "--max-tokens", "1", "--no-progress",
                      "--num-kv-blocks", "64", "--block-size", "4"]) == 0

@@ -14,9 +14,10 @@ from ember_cupy.config import CPU_MAX_NUM_PREFILL_TOKENS, EngineConfig
 from ember_cupy.engine.block_manager import BlockManager
 from ember_cupy.engine.draft_proposer import DraftModelProposer
 from ember_cupy.engine.model_runner import ModelRunner, PoolShare
-from ember_cupy.engine.outputs import OutputKind, RequestOutput
+from ember_cupy.engine.input_processor import InputProcessor, ProcessedRequest
+from ember_cupy.engine.output_processor import OutputProcessor
+from ember_cupy.engine.outputs import EngineStepOutput, OutputKind, RequestOutput
 from ember_cupy.engine.pooling import PREFILL_ONLY, EmbeddingRequest, PoolingParams
-from ember_cupy.engine.request import Request
 from ember_cupy.engine.prompt_logprobs import prompt_logprob_entries
 from ember_cupy.engine.sampler import Sampler
 from ember_cupy.engine.scheduler import ScheduledBatch, Scheduler
@@ -49,6 +50,17 @@ def resolve_prefill_budget(config: EngineConfig, xp) -> EngineConfig:
 
 
 class LLMEngine:
+    """add_request() turns a request into token ids and parameters (InputProcessor) and queues it;
+    step() schedules, runs the model, samples and updates the sequences, then hands what it
+    computed to the OutputProcessor for text, stop strings and RequestOutputs.
+
+    process_in_step: True (the default), step() returns RequestOutputs, processed in the caller's
+    thread. False (the server's AsyncEngine): step() returns the EngineStepOutput, and the caller
+    must pass it to process_outputs() before the next step; so a step on a worker thread does no
+    text work."""
+
+    process_in_step = True
+
     def __init__(self, model: str | Checkpoint | None = None, config: EngineConfig | None = None,
                  progress=None):
         """model: a .gguf path, an HF directory, an already loaded Checkpoint, or None (default)."""
@@ -56,14 +68,13 @@ class LLMEngine:
         self.config = resolve_prefill_budget(config or EngineConfig(), xp)
         self.checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model, progress)
         self.model_config = self.checkpoint.config
-        self.tokenizer = self.checkpoint.tokenizer
+        tokenizer = self.checkpoint.tokenizer
         if self.config.chat_template is not None:   # on a copy: a shared Checkpoint keeps its own
-            self.tokenizer = copy.copy(self.tokenizer)
-            self.tokenizer.set_chat_template(read_chat_template(self.config.chat_template))
+            tokenizer = copy.copy(tokenizer)
+            tokenizer.set_chat_template(read_chat_template(self.config.chat_template))
         self.sampling_defaults = sampling_defaults(self.checkpoint.source, self.config.generation_config,
                                                    self.config.override_generation_config)
         SamplingParams(**self.sampling_defaults)   # a bad default fails the load, not every request
-        self._seeds = None if self.config.seed is None else np.random.default_rng(self.config.seed)
         draft = self._draft_model(self.config.speculative_config, xp, progress)
         # a checkpoint loaded here is consumed by the model, so the weights are held once
         self.runner = ModelRunner(self.checkpoint, self.config, xp=xp,
@@ -77,18 +88,30 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config, self.block_manager, self.model_config.eos_token_ids)
         self.sampler = Sampler(self.model_config.eos_token_ids)
         self.speculator = self._speculator(self.config.speculative_config, draft)
-        self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
+        self.grammars = GrammarCompiler(tokenizer, self.model_config.vocab_size)
         limits = [self.model_config.max_position_embeddings, self.runner.num_blocks * self.config.block_size]
         if self.config.max_model_len:
             limits.append(self.config.max_model_len)
         self.max_model_len = min(limits)
-        self.requests: dict[str, Request | EmbeddingRequest] = {}
+        self.input_processor = InputProcessor(tokenizer, self.grammars, self.model_config.vocab_size,
+                                              self.max_model_len, self.config.max_num_seqs, self.config.seed)
+        self.output_processor = OutputProcessor(tokenizer, self.model_config.eos_token_ids)
+        self.requests: dict[str, list[Sequence]] = {}   # the sequences of each unfinished request
         # called in step() right after scheduling, before the forward pass (the server updates its
         # queue gauges there, so they show the step being computed rather than the one before)
         self.on_scheduled = None
         self.last_step_num_tokens = 0   # tokens the last step computed (vllm:iteration_tokens_total)
         from ember_cupy.info import describe
         logger.info("%s", describe(self))
+
+    @property
+    def tokenizer(self):
+        return self.input_processor.tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer) -> None:
+        """The tokenizer requests are tokenized and detokenized with, from the next request on."""
+        self.input_processor.tokenizer = self.output_processor.tokenizer = tokenizer
 
     def _draft_model(self, config: SpeculativeConfig | None, xp, progress) -> DraftModelProposer | None:
         """The draft model's weights, on the backend before the target's pool is sized."""
@@ -149,81 +172,36 @@ class LLMEngine:
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        if prompt_token_ids is not None and isinstance(prompt, str):
-            if not prompt_token_ids:
-                raise ValueError("prompt is empty: it must contain at least one token")
-            prompt_text, prompt_ids = prompt, list(prompt_token_ids)
-        else:
-            prompt_text, prompt_ids = self._prompt_ids(prompt, add_special_tokens)
+        request = self.input_processor.process(prompt, params, prompt_token_ids, add_special_tokens)
+        stats = SequenceStats(arrival_time=arrival_time or time.monotonic())
         if isinstance(params, PoolingParams):
-            self._add_embedding_request(request_id, prompt_text, prompt_ids, params, priority, cache_salt,
-                                        arrival_time, prompt_index)
-            return
-        params.check_vocab(self.model_config.vocab_size)
-        if params.seed is None and self._seeds is not None:
-            params = dataclasses.replace(params, seed=int(self._seeds.integers(2**63)))
-        constraint = self.grammars.new_constraint(params.structured_outputs) if params.structured_outputs else None
-        max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
-        if params.n > self.config.max_num_seqs:
-            raise ValueError(f"n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}")
-        request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer, output_kind)
-        stats = SequenceStats(arrival_time=arrival_time or time.monotonic())
-        seq = Sequence(request_id, prompt_ids, params, max_tokens, priority=priority,
-                       cache_salt=cache_salt, stats=stats, num_pending_forks=params.n - 1, constraint=constraint,
-                       prompt_index=prompt_index)
-        request.state(seq)
-        self.requests[request_id] = request
-        self.scheduler.add(seq)
-
-    def _add_embedding_request(self, request_id: str, prompt_text: str | None, prompt_ids: list[int],
-                               params: PoolingParams, priority: int, cache_salt: str | None,
-                               arrival_time: float | None, prompt_index: int) -> None:
-        if len(prompt_ids) > self.max_model_len:
-            raise ValueError(f"prompt has {len(prompt_ids)} tokens; the context allows at most "
-                             f"{self.max_model_len}")
-        stats = SequenceStats(arrival_time=arrival_time or time.monotonic())
-        seq = Sequence(request_id, prompt_ids, PREFILL_ONLY, max_tokens=1, priority=priority,
-                       cache_salt=cache_salt, stats=stats, pooled=True, prompt_index=prompt_index)
-        self.requests[request_id] = EmbeddingRequest(request_id, prompt_text, prompt_ids, params, seq)
-        self.scheduler.add(seq)
-
-    def _prompt_ids(self, prompt, add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-            text = prompt
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, (int, np.integer)) for t in prompt):
-            ids, text = [int(t) for t in prompt], None
-            bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
-            if bad:
-                raise ValueError(f"prompt token id(s) {bad[:5]} outside the vocabulary "
-                                 f"[0, {self.model_config.vocab_size})")
+            seq = Sequence(request_id, request.prompt_token_ids, PREFILL_ONLY, max_tokens=1, priority=priority,
+                           cache_salt=cache_salt, stats=stats, pooled=True, prompt_index=prompt_index)
+            self.output_processor.add_embedding(EmbeddingRequest(request_id, request.prompt,
+                                                                 request.prompt_token_ids, params, seq))
         else:
-            raise ValueError("prompt must be a string or a list of token ids")
-        if not ids:
-            raise ValueError("prompt is empty: it must contain at least one token")
-        return text, ids
+            seq = self._sequence(request_id, request, priority, cache_salt, stats, prompt_index)
+            self.output_processor.add_request(seq, request.prompt, request.params, output_kind)
+        self.requests[request_id] = [seq]
+        self.scheduler.add(seq)
 
-    def _resolve_max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
-        room = self.max_model_len - prompt_len
-        if room < 1:
-            raise ValueError(f"prompt has {prompt_len} tokens; the context allows at most "
-                             f"{self.max_model_len - 1} to leave room for one generated token")
-        if params.max_tokens is None:
-            return room
-        if params.max_tokens > room:
-            raise ValueError(f"prompt ({prompt_len} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                             f"the maximum context length {self.max_model_len}")
-        return params.max_tokens
+    @staticmethod
+    def _sequence(request_id: str, request: ProcessedRequest, priority: int, cache_salt: str | None,
+                  stats: SequenceStats, prompt_index: int) -> Sequence:
+        params = request.params
+        return Sequence(request_id, request.prompt_token_ids, params, request.max_tokens, priority=priority,
+                        cache_salt=cache_salt, stats=stats, num_pending_forks=params.n - 1,
+                        constraint=request.constraint, prompt_index=prompt_index)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request wherever it is; its KV blocks are freed at once."""
-        request = self.requests.pop(request_id, None)
-        if request is None:
+        seqs = self.requests.pop(request_id, None)
+        if seqs is None:
             return None
-        for seq in request.seqs:
+        for seq in seqs:
             if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
-        return request.make_output()
+        return self.output_processor.abort(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -243,7 +221,28 @@ class LLMEngine:
         return self.scheduler.num_slots_used()
 
     # --- one step -----------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput] | EngineStepOutput:
+        """One step: its RequestOutputs, or (process_in_step False) what it computed, for
+        process_outputs()."""
+        computed = self.compute_step()
+        return self.process_outputs(computed) if self.process_in_step else computed
+
+    def process_outputs(self, computed: EngineStepOutput) -> list[RequestOutput]:
+        """The RequestOutputs of a step's EngineStepOutput: text, stop strings (a sequence they end
+        finishes here, before the next step), logprobs. Never while a step runs."""
+        return self.output_processor.process(computed, self.stop_at_string)
+
+    def stop_at_string(self, seq: Sequence, stop_string: str, num_after: int) -> None:
+        """A stop string ends seq: it finishes, and its num_after newest tokens (verified drafts
+        past the stop string) are taken back, as if never generated."""
+        self.scheduler.finish(seq, "stop", stop_string)
+        if num_after:
+            del seq.token_ids[len(seq.token_ids) - num_after:]
+        self._forget_if_finished(seq.request_id)
+
+    def compute_step(self) -> EngineStepOutput:
+        """Schedule, run the model, sample, update the sequences: no text."""
+        computed = EngineStepOutput()
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running, self._likely_prompt_tokens())
         batch = self.scheduler.schedule()
@@ -253,16 +252,14 @@ class LLMEngine:
         if self.on_scheduled is not None:
             self.on_scheduled()
         if not batch:
-            return []
+            return computed
+        for child in batch.forked:
+            self.requests[child.request_id].append(child)
         started = time.perf_counter()
         step_logits = self.runner.execute(batch)
         for seq, first_position, logits in step_logits.prompt_logits:
-            self._record_prompt_logprobs(seq, first_position, logits)
-        touched = []
-        for seq, hidden in step_logits.pooled_hidden:
-            request = self.requests[seq.request_id]
-            request.pool(hidden)
-            touched.append(request)
+            computed.prompt_logprobs.append(self._prompt_logprobs(seq, first_position, logits))
+        computed.pooled = [(seq, to_numpy(hidden)) for seq, hidden in step_logits.pooled_hidden]
         sampling_seqs, logits = self._sampling_rows(batch, step_logits)
         streams = [Speculator.hold_stream(seq) if seq.draft_token_ids else None for seq, _ in batch.samples]
         sampled = self.sampler(logits, sampling_seqs, grammar_bitmasks(sampling_seqs, logits.shape[-1]))
@@ -270,11 +267,15 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.costs.record(batch.num_tokens, time.perf_counter() - started)
         appended = self.scheduler.update(batch, [tokens for tokens, _ in emitted])
-        for (seq, tokens), (_, logprobs) in zip(appended, emitted):
-            request = self.requests[seq.request_id]
-            self._detokenize_tokens(request, seq, tokens, logprobs)
-            touched.append(request)
-        return self._collect_outputs(touched)
+        computed.sampled = [(seq, tokens, logprobs) for (seq, tokens), (_, logprobs) in zip(appended, emitted)]
+        for seq in [seq for seq, _ in computed.pooled] + [seq for seq, _ in appended]:
+            self._forget_if_finished(seq.request_id)
+        return computed
+
+    def _forget_if_finished(self, request_id: str) -> None:
+        seqs = self.requests.get(request_id)
+        if seqs is not None and all(seq.is_finished for seq in seqs):
+            del self.requests[request_id]
 
     def _likely_prompt_tokens(self) -> int:
         """The prompt tokens the next step will likely compute: what waits, up to its budget."""
@@ -317,58 +318,9 @@ class LLMEngine:
             row += count
         return emitted
 
-    def _record_prompt_logprobs(self, seq: Sequence, first_position: int, logits) -> None:
-        """Logits at position p score prompt token p + 1; entry 0 (nothing before it) is None."""
-        request = self.requests[seq.request_id]
-        if request.prompt_logprobs is None:
-            request.prompt_logprobs = [None] * seq.num_prompt_tokens
+    @staticmethod
+    def _prompt_logprobs(seq: Sequence, first_position: int, logits):
+        """(seq, first, entries): logits at position p score prompt token p + 1, from first on."""
         first = first_position + 1
         targets = seq.prompt_token_ids[first:first + logits.shape[0]]
-        entries = prompt_logprob_entries(to_numpy(logits), targets, request.params.prompt_logprobs)
-        request.prompt_logprobs[first:first + len(entries)] = entries
-
-    def _detokenize_tokens(self, request: Request, seq: Sequence, tokens: list[int], logprobs) -> None:
-        """The text side of the tokens the scheduler appended this step, in order. A stop string
-        in one of them ends the sequence there: the tokens after it (accepted drafts) are taken
-        back, as if never generated."""
-        if seq.finish_reason == "error":   # its grammar refused this token: the output ends before it
-            state = request.state(seq)
-            state.new_text += state.detokenizer.finish()
-            return
-        for index, (token_id, token_logprobs) in enumerate(zip(tokens, logprobs)):
-            last = index == len(tokens) - 1
-            if self._detokenize(request, seq, token_id, token_logprobs, last, len(tokens) - 1 - index) and not last:
-                del seq.token_ids[len(seq.token_ids) - (len(tokens) - 1 - index):]
-                return
-
-    def _detokenize(self, request: Request, seq: Sequence, token_id: int, logprobs, last: bool,
-                    num_after: int) -> bool:
-        """One token's text; True when a stop string ends the sequence at it. last: whether it is
-        the newest token (the scheduler has ended the sequence, if at all, on that one: a stop
-        token, EOS or max_tokens); num_after: tokens appended after it."""
-        params = request.params
-        state = request.state(seq)
-        detokenizer = state.detokenizer
-        stopped_by_token = last and seq.finish_reason == "stop" and (
-            token_id in params.stop_token_ids or token_id in self.model_config.eos_token_ids)
-        stopped_here = False
-        if not stopped_by_token or params.include_stop_str_in_output:
-            can_stop = seq.num_output_tokens - num_after > params.min_tokens
-            stop_string = detokenizer.add_tokens([token_id], check_stop=can_stop)
-            if stop_string is not None:
-                self.scheduler.finish(seq, "stop", stop_string)
-                stopped_here = True
-        finished = stopped_here or (last and seq.is_finished)
-        text = detokenizer.finish() if finished else detokenizer.release()
-        state.add_token(token_id, text, logprobs)
-        return stopped_here
-
-    def _collect_outputs(self, requests: list[Request]) -> list[RequestOutput]:
-        outputs = []
-        for request in dict.fromkeys(requests):
-            output = request.make_output()
-            if output is not None:
-                outputs.append(output)
-            if request.finished:
-                del self.requests[request.request_id]
-        return outputs
+        return seq, first, prompt_logprob_entries(to_numpy(logits), targets, seq.params.prompt_logprobs)

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field
 
 from ember_cupy.engine.sampler import TokenLogprobs
-from ember_cupy.engine.sequence import SequenceStats
+from ember_cupy.engine.sequence import Sequence, SequenceStats
 
 
 class OutputKind(enum.Enum):
@@ -51,6 +51,21 @@ class RequestOutput:
     # an embedding request (ember_cupy/engine/pooling.py): its pooled vector, outputs empty;
     # None when it was aborted before its prompt was computed
     embedding: list[float] | None = None
+
+
+@dataclass
+class EngineStepOutput:
+    """What one engine step computed, before any text (the output processor's input,
+    engine/output_processor.py): the tokens the scheduler appended to each sampling sequence and
+    their logprobs, the prompt logprob entries of its prompt rows, the pooled hidden states of the
+    embedding sequences whose prompt ended."""
+    sampled: list[tuple[Sequence, list[int], list[TokenLogprobs | None]]] = field(default_factory=list)
+    prompt_logprobs: list[tuple[Sequence, int, list[TokenLogprobs]]] = field(default_factory=list)  # (seq, first)
+    pooled: list[tuple[Sequence, object]] = field(default_factory=list)   # (seq, its last token's hidden row)
+
+    def __bool__(self) -> bool:
+        """Whether the step computed anything for a request (an idle step did not)."""
+        return bool(self.sampled or self.prompt_logprobs or self.pooled)
 
 
 class _Pieces:

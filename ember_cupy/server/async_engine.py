@@ -2,8 +2,10 @@
 
 One background task owns the engine. Each iteration it applies the queued admissions and
 aborts (so they take effect between two steps, never during one), then runs `engine.step()` in
-a worker thread, so the event loop keeps serving while the model computes, and hands each
-request's outputs to that request's own stream. LLMEngine is not thread-safe: nothing but this
+a worker thread, so the event loop keeps serving while the model computes; then, on the event
+loop and before the next step, the engine's output processor turns what the step computed into
+text (stop strings included: a sequence one ends is finished before the next step), and each
+request's outputs go to that request's own stream. The step's thread does no text work. LLMEngine is not thread-safe: nothing but this
 loop touches it once it is running.
 
 A request's outputs reach its caller through a RequestStream (server/request_stream.py), as
@@ -146,6 +148,7 @@ class AsyncEngine:
         if self.max_waiting is None:
             self.max_waiting = getattr(self.engine.config, "max_waiting", None)
         self.state = EngineState.READY
+        self.engine.process_in_step = False   # the loop runs process_outputs() on the step's result
         if hasattr(self.engine, "on_scheduled"):
             self.engine.on_scheduled = self._refresh_metrics   # runs in the step's worker thread
         self._refresh_metrics()
@@ -210,7 +213,7 @@ class AsyncEngine:
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """A prompt's token ids, as add_request would tokenize it (off the loop, as off_loop);
         add_special_tokens=False for a rendered chat prompt."""
-        return await self.off_loop(self.engine.tokenizer.encode, text, add_special_tokens=add_special_tokens,
+        return await self.off_loop(self.engine.input_processor.tokenize, text, add_special_tokens,
                                    work_chars=len(text))
 
     async def _prepare(self, workers: PrepareWorkers, job: Callable[[threading.Event], object]):
@@ -273,9 +276,8 @@ class AsyncEngine:
         token_ids = prompt_token_ids if isinstance(prompt, str) else None
         if isinstance(prompt, str) and token_ids is None:
             token_ids = await self.tokenize(prompt, add_special_tokens)
-        constraint = getattr(params, "structured_outputs", None)
-        if constraint is not None:   # compiled off the loop: admission finds it cached
-            await self._prepare(self._grammar, lambda abandoned: self.engine.grammars.compile(constraint, abandoned))
+        if getattr(params, "structured_outputs", None) is not None:   # off the loop: admission finds it cached
+            await self._prepare(self._grammar, lambda abandoned: self.engine.input_processor.compile(params, abandoned))
         self._check_admission()   # again: it may have died, begun stopping or filled up meanwhile
         stream = RequestStream(request_id, self)
         admitted = asyncio.get_running_loop().create_future()
@@ -319,7 +321,8 @@ class AsyncEngine:
                     if not self._ops:
                         await self._wake.wait()
                     continue
-                outputs = await loop.run_in_executor(self._executor, engine.step)
+                computed = await loop.run_in_executor(self._executor, engine.step)
+                outputs = engine.process_outputs(computed) if computed else []
                 self._refresh_metrics()   # the state the step left (finished requests are gone)
                 if self.metrics:
                     self.metrics.step_computed(getattr(engine, "last_step_num_tokens", 0))

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import threading
 
 import pytest
 from server_helpers import metric
@@ -84,3 +86,31 @@ def test_bad_input_raises_value_error(server):
 
     errors = server.call(run)
     assert len(errors) == 4 and "empty" in errors[0] and "already in use" in errors[3]
+
+
+def test_text_is_made_on_the_event_loop_not_in_the_step_thread(server, monkeypatch):
+    """The step's worker thread schedules, runs the model, samples and updates; detokenizing and
+    stop strings run on the event loop between two steps (engine/output_processor.py). A stop
+    string still ends its sequence there: the text stops before it, and no token after it is
+    reported."""
+    from ember_cupy.detokenizer import IncrementalDetokenizer
+    engine = server.engine
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+    async def run(params):
+        return threading.get_ident(), await (await engine.add_request("Name three colors.", params)).final()
+
+    _, whole = server.call(lambda: run(greedy))
+    text = whole.outputs[0].text
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    decode_new, threads = IncrementalDetokenizer._decode_new, []
+
+    def recording(self, *args, **kwargs):
+        threads.append(threading.get_ident())
+        return decode_new(self, *args, **kwargs)
+    monkeypatch.setattr(IncrementalDetokenizer, "_decode_new", recording)
+    loop_thread, stopped = server.call(lambda: run(dataclasses.replace(greedy, stop=[stop])))
+    c = stopped.outputs[0]
+    assert threads and set(threads) == {loop_thread}
+    assert (c.text, c.finish_reason, c.stop_reason) == (text[:text.index(stop)], "stop", stop)
+    assert c.token_ids == whole.outputs[0].token_ids[:len(c.token_ids)] and len(c.token_ids) < 12

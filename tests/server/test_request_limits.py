@@ -145,7 +145,8 @@ class LogprobHoldingEngine(LLMEngine):
 
     def step(self):
         outputs = super().step()
-        held = sum(len(request.state(seq).logprobs) for request in self.requests.values() for seq in request.seqs)
+        held = sum(len(request.state(seq).logprobs) for request in self.output_processor.requests.values()
+                   for seq in request.seqs)
         self.most_held = max(self.most_held, held)
         return outputs
 

@@ -72,3 +72,36 @@ def test_a_draft_model_server_replies_as_the_plain_one_and_counts_drafts(start_s
                                                     ignore_eos=True)[1]["choices"][0]["text"]
     drafts, accepted = metric(url, DRAFTS), metric(url, "vllm:spec_decode_num_accepted_tokens_total")
     assert drafts > 0 and 0 < accepted <= metric(url, "vllm:spec_decode_num_draft_tokens_total")
+
+
+def _streamed(url: str, **fields) -> tuple[str, str, int]:
+    """(text, finish_reason, completion tokens) of a streamed completion."""
+    status, _, raw = http(url, "POST", "/v1/completions",
+                          {"model": MODEL, "prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stream": True,
+                           "stream_options": {"include_usage": True}, **fields})
+    assert status == 200, raw[:300]
+    chunks = [json.loads(line[6:]) for line in raw.decode().splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    choices = [c for chunk in chunks for c in chunk["choices"]]
+    return ("".join(c["text"] for c in choices), [c["finish_reason"] for c in choices if c["finish_reason"]][0],
+            chunks[-1]["usage"]["completion_tokens"])
+
+
+def test_a_stop_string_inside_accepted_drafts_ends_the_reply_as_the_plain_one(spec_url, base_url):
+    """The output processor finds a stop string on the event loop, after the step that verified
+    drafts past it: those tokens are taken back before the next step, so text, finish reason,
+    usage and logprobs are the plain server's, streamed or not, and no KV page stays held."""
+    fields = {"stop": [" jumps"], "logprobs": 1}   # two drafts verified past it
+    drafts = metric(spec_url, "vllm:spec_decode_num_accepted_tokens_total")
+    status, reply = _complete(spec_url, **fields)
+    assert status == 200, reply
+    assert metric(spec_url, "vllm:spec_decode_num_accepted_tokens_total") > drafts
+    plain = _complete(base_url, **fields)[1]
+    choice, plain_choice = reply["choices"][0], plain["choices"][0]
+    assert (choice["text"], choice["finish_reason"]) == (plain_choice["text"], "stop")
+    assert choice["logprobs"]["tokens"] == plain_choice["logprobs"]["tokens"]
+    assert reply["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"] == \
+        len(choice["logprobs"]["tokens"])
+    assert _streamed(spec_url, stop=[" jumps"]) == _streamed(base_url, stop=[" jumps"]) == \
+        (choice["text"], "stop", reply["usage"]["completion_tokens"])
+    assert metric(spec_url, "ember:kv_cache_free_blocks") == metric(spec_url, "ember:kv_cache_total_blocks")
