@@ -26,7 +26,7 @@ import numpy as np
 
 from ember_cupy.half_weight import pack_16bit
 from ember_cupy.gguf_values import dequantize_values, gguf_values
-from ember_cupy.quant import BLOCK, HALF_TYPES, QuantizedTensor
+from ember_cupy.quant import BLOCK, HALF_TYPES, QuantizedTensor, RowParts
 
 ROWS_PER_GROUP = 8
 
@@ -175,7 +175,7 @@ class PackedWeight:
 
 
 @dataclass(frozen=True)
-class StackedWeight:
+class StackedWeight(RowParts):
     """A matrix whose consecutive row ranges are PackedWeights of different formats."""
     parts: tuple[PackedWeight, ...]
 
@@ -183,16 +183,8 @@ class StackedWeight:
         if len({p.shape[1] for p in self.parts}) != 1:
             raise ValueError("StackedWeight needs parts of one width")
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
-
     def dequantize(self, rows=None) -> np.ndarray:
-        full = np.concatenate([p.dequantize() for p in self.parts])
+        full = super().dequantize()
         return full if rows is None else full[np.asarray(rows, dtype=np.int64).reshape(-1)]
 
 

@@ -82,17 +82,26 @@ def quantize_q8_0(weight: np.ndarray) -> QuantizedTensor:
     return QuantizedTensor("Q8_0", quantize(weight, GGMLQuantizationType.Q8_0), weight.shape)
 
 
-@dataclass(frozen=True)
-class QuantizedStack:
-    """Row ranges of one matrix in different GGUF formats (a K-quant file's q/k/v or gate/up)."""
-    parts: tuple[QuantizedTensor, ...]
+class RowParts:
+    """A matrix stacked from `parts` by rows (one width): its shape, bytes and values."""
+    parts: tuple
 
     @property
     def shape(self) -> tuple[int, int]:
         return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
 
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
     def dequantize(self) -> np.ndarray:
         return np.concatenate([p.dequantize() for p in self.parts])
+
+
+@dataclass(frozen=True)
+class QuantizedStack(RowParts):
+    """Row ranges of one matrix in different GGUF formats (a K-quant file's q/k/v or gate/up)."""
+    parts: tuple[QuantizedTensor, ...]
 
 
 def concat_rows(parts: list[QuantizedTensor]) -> QuantizedTensor:
@@ -180,21 +189,10 @@ class DeviceQuantizedWeight:
 
 
 @dataclass(frozen=True)
-class DeviceStack:
+class DeviceStack(RowParts):
     """A matrix whose consecutive row ranges are DeviceQuantizedWeights of different formats (a
     K-quant file's q/k/v or gate/up: Q4_K and Q6_K parts); a matmul computes the parts in turn."""
     parts: tuple[DeviceQuantizedWeight, ...]
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
-
-    def dequantize(self) -> np.ndarray:
-        return np.concatenate([p.dequantize() for p in self.parts])
 
 
 def to_device_format(tensor: QuantizedTensor, put_raw) -> DeviceQuantizedWeight:
