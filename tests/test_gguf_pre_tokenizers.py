@@ -84,3 +84,12 @@ def test_llama3_ignores_merges_for_whole_words(tmp_path, pre, expected, bos):
     tok = Tokenizer.from_gguf(gguf.GGUFReader(_bpe_file(tmp_path / "v.gguf", pre)))
     assert [tok.id_to_token(i) for i in tok.encode("abc", add_special_tokens=False)] == expected
     assert tok.add_bos_token == bos   # llama.cpp: llama3 adds BOS when the file does not say
+
+
+def test_deepseek_llm_letters_are_llama_cpps_ranges():
+    """Its letter class spells U+1F7D, U+1FBE, U+1FD3, U+1FDB, U+2126 and U+212A (KELVIN SIGN):
+    NFC-normalized source once turned them into other characters, an empty range (no such file
+    loaded) and a 'K-ℭ' range that took ASCII punctuation for letters."""
+    regexes, _ = pre_tokenizer_kind("deepseek-llm")
+    split = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes])
+    assert [piece for piece, _ in split.pre_tokenize_str("Kab[c]\u212a\u1f7d")] == ["Kab", "[", "c", "]", "\u212a\u1f7d"]
