@@ -6,6 +6,12 @@
  * share the same cores (at twice the threads spinning), and each job keeps its split.
  * A range function that calls back in (or a worker) runs the inner job itself, in one range.
  *
+ * Waiting (a worker for its next job, the caller for the workers): pure spinning for spin_ns,
+ * then sleeping on a condition variable. Never sched_yield(): on a machine whose cores are busy
+ * with lower-priority threads (the server's niced tokenizing and grammar threads) a yield hands
+ * the core to one of them for its whole time slice, so a layer's ~10 joins cost milliseconds
+ * each and a 25 ms step took 170-350 ms while large texts were tokenized.
+ *
  * fork(): the child has only the forking thread, none of the workers. The atfork handlers take
  * the locks around fork() (so the child never inherits a job in flight or a held lock) and the
  * child forgets its workers: its first parallel job starts new ones. */
@@ -15,27 +21,28 @@
 #include "common.h"
 
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
 
 #define MAX_THREADS 256
-#define PAUSE_SPIN_NS 20000   /* pure spinning before the waiting thread starts yielding */
 
 static struct {
     pthread_mutex_t lock;
     pthread_cond_t wake;
+    pthread_cond_t done;               /* the caller sleeps on it until the last worker ends */
     int requested, started;            /* threads wanted, workers running (excluding the caller) */
     long long spin_ns;
     atomic_uint_fast64_t generation;   /* bumped for every job */
     atomic_int pending;                /* workers still running the current job */
     atomic_int sleepers;
+    atomic_int caller_asleep;
     ember_range_fn fn;
     void *ctx;
     int64_t n;
     int threads;                       /* threads taking part in the current job */
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 1, 0, 200000, 0, 0, 0, 0, 0, 0, 1};
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, 1, 0, 200000,
+          0, 0, 0, 0, 0, 0, 0, 1};
 
 static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;   /* held by the caller of the job in flight */
@@ -59,17 +66,13 @@ static void run_range(int index, int threads) {
     if (begin < end) pool.fn(pool.ctx, begin, end);
 }
 
-/* Spin, then yield, then sleep until the generation moves past `seen`. */
+/* Spin, then sleep until the generation moves past `seen`. */
 static uint64_t wait_for_job(uint64_t seen) {
     long long start = now_ns();
     for (unsigned spins = 0;; spins++) {
         uint64_t generation = atomic_load(&pool.generation);
         if (generation != seen) return generation;
-        if ((spins & 63) == 0) {
-            long long waited = now_ns() - start;
-            if (waited > pool.spin_ns) break;
-            if (waited > PAUSE_SPIN_NS) sched_yield();
-        }
+        if ((spins & 63) == 0 && now_ns() - start > pool.spin_ns) break;
         cpu_relax();
     }
     pthread_mutex_lock(&pool.lock);
@@ -88,7 +91,11 @@ static void *worker(void *arg) {
     for (;;) {
         seen = wait_for_job(seen);
         if (index < pool.threads) run_range(index, pool.threads);
-        atomic_fetch_sub(&pool.pending, 1);
+        if (atomic_fetch_sub(&pool.pending, 1) == 1 && atomic_load(&pool.caller_asleep)) {
+            pthread_mutex_lock(&pool.lock);
+            pthread_cond_signal(&pool.done);
+            pthread_mutex_unlock(&pool.lock);
+        }
     }
     return NULL;
 }
@@ -115,6 +122,24 @@ EMBER_EXPORT void ember_set_num_threads(int n) {
 
 EMBER_EXPORT int ember_max_threads(void) { return pool.requested; }
 
+/* Spin, then sleep until no worker is still running the job. (The caller announces its sleep
+ * before it looks at `pending`, the last worker looks at the announcement after it counts down:
+ * one of the two sees the other, so the caller never sleeps through the last worker's signal.) */
+static void wait_for_workers(void) {
+    long long start = now_ns();
+    for (unsigned spins = 0; atomic_load(&pool.pending) > 0; spins++) {
+        if ((spins & 63) == 0 && now_ns() - start > pool.spin_ns) {
+            pthread_mutex_lock(&pool.lock);
+            atomic_store(&pool.caller_asleep, 1);
+            while (atomic_load(&pool.pending) > 0) pthread_cond_wait(&pool.done, &pool.lock);
+            atomic_store(&pool.caller_asleep, 0);
+            pthread_mutex_unlock(&pool.lock);
+            return;
+        }
+        cpu_relax();
+    }
+}
+
 /* The calling thread holds job_lock: publish the job, run range 0, wait for the workers. */
 static void run_job(int64_t n, ember_range_fn fn, void *ctx) {
     if (pool.started + 1 < pool.requested) start_workers();
@@ -135,14 +160,7 @@ static void run_job(int64_t n, ember_range_fn fn, void *ctx) {
         pthread_mutex_unlock(&pool.lock);
     }
     run_range(0, threads);
-    long long start = 0;
-    for (unsigned spins = 0; atomic_load(&pool.pending) > 0; spins++) {
-        if ((spins & 63) == 0) {
-            if (!start) start = now_ns();
-            else if (now_ns() - start > PAUSE_SPIN_NS) sched_yield();
-        }
-        cpu_relax();
-    }
+    wait_for_workers();
 }
 
 void ember_parallel_for(int64_t n, ember_range_fn fn, void *ctx) {
@@ -176,7 +194,9 @@ static void after_fork_in_child(void) {
     pool.started = 0;
     atomic_store(&pool.pending, 0);
     atomic_store(&pool.sleepers, 0);
+    atomic_store(&pool.caller_asleep, 0);
     pool.wake = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
+    pool.done = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
     after_fork_in_parent();
 }
 

@@ -4,6 +4,8 @@ beside a running engine) each get their own right answer; a forked child's first
 returns (gunicorn --preload, multiprocessing's fork start method)."""
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -117,3 +119,28 @@ def test_fork_while_another_thread_runs_kernels(library):
         caller.join(timeout=60)
     assert statuses == [0] * 10
 
+
+
+_SLEEPY_POOL = """
+import numpy as np
+from ember_cupy.ops import _host
+from ember_cupy.ops.linear import matmul_q
+import tests.test_host_threadpool as t
+library = _host.load_library({isa!r})
+library.lib.ember_set_num_threads(4)
+problems = t._problems(5)
+expected = [matmul_q(x, w, library) for x, w in problems]
+for call in range(1500):
+    x, w = problems[call % len(problems)]
+    assert np.array_equal(matmul_q(x, w, library), expected[call % len(problems)]), call
+print("ok")
+"""
+
+
+def test_a_caller_and_workers_that_sleep_at_every_wait_lose_no_wakeup(library):
+    """EMBER_SPIN_US=0: the caller sleeps at every join until the last worker signals it, and the
+    workers between jobs: a lost wakeup is a hang, a missed join a wrong result."""
+    code = _SLEEPY_POOL.format(isa=library.isa)
+    env = {**os.environ, "EMBER_SPIN_US": "0", "PYTHONPATH": os.getcwd()}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
