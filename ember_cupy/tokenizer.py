@@ -9,6 +9,7 @@ import re
 from tokenizers import decoders
 from tokenizers import Tokenizer as _HFTokenizer
 
+from ember_cupy import text_pieces
 from ember_cupy.chat_template import ChatTemplate
 from ember_cupy.gguf_vocab import CONTROL, SPACE, adds_bos, build_gguf_tokenizer
 
@@ -31,6 +32,8 @@ class Tokenizer:
         self.add_bos_token = add_bos_token
         self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
         self._special_ids = {t.content: i for i, t in hf.get_added_tokens_decoder().items() if t.special}
+        self._specials_around = _post_processor_specials(hf) if post_processor_adds else ((), ())
+        self._cuts_safely = text_pieces.cuts_safely(hf) and self._specials_around is not None
         self.set_chat_template(chat_template)
 
     def set_chat_template(self, source: str | None) -> None:
@@ -88,15 +91,29 @@ class Tokenizer:
         if not isinstance(text, str):
             raise ValueError(f"text to tokenize must be a string, got {type(text).__name__}")
         by_post_processor = add_special_tokens and self._post_processor_adds
-        try:   # encode_batch releases the GIL while it works (encode does not): a 4 MB prompt
-            # tokenized in a worker thread leaves the server's event loop free meanwhile
-            ids = self._hf.encode_batch([text], add_special_tokens=by_post_processor)[0].ids
-        except TypeError:   # what `tokenizers` raises for a str it cannot convert to UTF-8
-            check_unicode(text)
-            raise
+        cuts = text_pieces.cut_points(text) if self._cuts_safely else []
+        ids = self._encode_pieces(text, cuts, by_post_processor) if cuts else self._encode(text, by_post_processor)
         if (add_special_tokens and not self._post_processor_adds and self.add_bos_token
                 and self.bos_token_id is not None):
             ids = [self.bos_token_id] + ids
+        return ids
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        try:   # encode_batch releases the GIL while it works (encode does not): a 4 MB prompt
+            # tokenized in a worker thread leaves the server's event loop free meanwhile
+            return self._hf.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        except TypeError:   # what `tokenizers` raises for a str it cannot convert to UTF-8
+            check_unicode(text)
+            raise
+
+    def _encode_pieces(self, text: str, cuts: list[int], add_special_tokens: bool) -> list[int]:
+        """A long text's ids, piece by piece (text_pieces: same ids, a fraction of the memory
+        and of the GIL held at a time), inside the special tokens the post-processor adds."""
+        before, after = self._specials_around if add_special_tokens else ((), ())
+        ids = list(before)
+        for start, end in zip([0, *cuts], [*cuts, len(text)]):
+            ids += self._encode(text[start:end], add_special_tokens=False)
+        ids += after
         return ids
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
@@ -150,6 +167,16 @@ def _byte_level_decoder() -> dict[str, int]:
     for n, b in enumerate(b for b in range(256) if b not in chars):
         chars[b] = chr(256 + n)
     return {c: b for b, c in chars.items()}
+
+
+def _post_processor_specials(hf) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The ids hf's post-processor puts before and after a text (None: not a plain wrap)."""
+    bare = hf.encode("a", add_special_tokens=False).ids
+    wrapped = hf.encode("a", add_special_tokens=True).ids
+    for start in range(len(wrapped) - len(bare) + 1):
+        if wrapped[start:start + len(bare)] == bare:
+            return tuple(wrapped[:start]), tuple(wrapped[start + len(bare):])
+    return None
 
 
 def check_unicode(text: str) -> None:
