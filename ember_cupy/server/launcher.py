@@ -13,6 +13,7 @@ from aiohttp import web
 from ember_cupy.server.api import START_TASK_KEY, ServerSettings, build_app, wait_engine_started
 from ember_cupy.server.async_engine import AsyncEngine, EngineState
 from ember_cupy.server.http_handler import AppRunner
+from ember_cupy.server.thread_policy import apply_server_thread_policy
 
 log = logging.getLogger("ember_cupy.server")
 
@@ -61,6 +62,7 @@ class Server:
         self.port: int | None = None
 
     async def start(self) -> None:
+        apply_server_thread_policy()
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.settings.host, self.settings.port, reuse_address=True)
         await site.start()

@@ -255,3 +255,41 @@ def test_metrics_gauges_reflect_the_step_being_computed(checkpoint):
     during, after = asyncio.run(asyncio.wait_for(run(), 120))
     assert during == (2.0, 0.0)
     assert after == (0.0, 0.0)
+
+
+def test_a_long_text_is_tokenized_in_pieces_to_the_ids_of_the_whole(start_server, checkpoint, monkeypatch):
+    """/tokenize of 0.5 MB: the ids (and token strings) of the whole text, sent in JSON built in
+    slices, though `tokenizers` never saw more than a piece of it (a whole 4 MB text once held
+    ~260 MB and the GIL for 0.15 s at a stretch)."""
+    import os
+    import sys
+
+    from server_helpers import http
+
+    from ember_cupy import text_pieces
+    from ember_cupy.tokenizer import Tokenizer
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    old_interval = sys.getswitchinterval()
+    server = start_server(settings={"max_body_bytes": 8 << 20}, num_kv_blocks=16)
+    tokenizer = checkpoint.tokenizer
+    text = "".join(f"Line {i}: naïve café, déjà vu — {i * 7919 % 1000} apples!\n\tand  more words "
+                   for i in range(6000))
+    expected = tokenizer._encode(text, True)
+    seen = []
+    original = Tokenizer._encode
+
+    def recording(self, piece, add_special_tokens):
+        seen.append(len(piece))
+        return original(self, piece, add_special_tokens)
+
+    monkeypatch.setattr(Tokenizer, "_encode", recording)
+    status, _, raw = http(server.url, "POST", "/tokenize", {"prompt": text, "return_token_strs": True}, timeout=300)
+    assert status == 200, raw[:300]
+    body = json.loads(raw)
+    assert body["count"] == len(expected) and body["tokens"] == expected
+    assert body["token_strs"] == [tokenizer.id_to_token(i) for i in expected]
+    assert len(seen) > 20 and max(seen) < 2 * text_pieces.PIECE_CHARS
+    # the process-wide thread policy the server set (server/thread_policy.py)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(old_interval)
+    assert interval <= 0.0005 and os.environ.get("TOKENIZERS_PARALLELISM") == "false"
