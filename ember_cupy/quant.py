@@ -11,6 +11,7 @@ quants and scales (layout in cuda/matmul_q.cu), on the device, the same bytes pe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import groupby
 
 import numpy as np
 
@@ -100,8 +101,13 @@ class RowParts:
 
 @dataclass(frozen=True)
 class QuantizedStack(RowParts):
-    """Row ranges of one matrix in different GGUF formats (a K-quant file's q/k/v or gate/up)."""
+    """Row ranges of one matrix in their GGUF formats (a fused q/k/v or gate/up as the file holds
+    its parts; a K-quant file's differ in format)."""
     parts: tuple[QuantizedTensor, ...]
+
+    def runs(self) -> list[list[QuantizedTensor]]:
+        """The parts in runs of one format: each run becomes one matrix of the serving format."""
+        return [list(run) for _, run in groupby(self.parts, key=lambda part: part.qtype)]
 
 
 def concat_rows(parts: list[QuantizedTensor]) -> QuantizedTensor:

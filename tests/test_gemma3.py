@@ -38,7 +38,8 @@ def test_the_file_is_what_the_model_code_expects(checkpoint):
     assert [i for i, s in enumerate(cfg.sliding_layers) if not s] == [5, 11, 17]   # llama.cpp's pattern 6
     assert (cfg.rope_theta, cfg.rope_local_theta) == (1e6, 1e4)
     assert cfg.qk_norm and cfg.sandwich_norms and cfg.hidden_act == "gelu_tanh"
-    assert {w.qtype for w in checkpoint.weights.values() if hasattr(w, "qtype")} >= {"Q4_K", "Q5_0", "Q6_K", "Q8_0"}
+    parts = [p for w in checkpoint.weights.values() for p in getattr(w, "parts", (w,))]   # fused q/k/v, gate/up
+    assert {p.qtype for p in parts if hasattr(p, "qtype")} >= {"Q4_K", "Q5_0", "Q6_K", "Q8_0"}
 
 
 def test_reference_covers_the_sliding_window():

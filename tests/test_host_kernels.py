@@ -12,7 +12,7 @@ from ember_cupy.ops import _host, host_build
 from ember_cupy.ops.linear import matmul_q, matmul_q_numpy
 from ember_cupy.ops.pack import pack_host
 from ember_cupy.packed_weight import LAYOUTS, StackedWeight, pack, to_kernel_format
-from ember_cupy.quant import ActivationQuantization, QuantizedTensor, fake_quantize_activations
+from ember_cupy.quant import ActivationQuantization, QuantizedTensor, concat_rows, fake_quantize_activations
 
 RUNNABLE = [isa for isa in _host.ISA_FLAGS if isa == "portable" or isa in _host.supported_isas()]
 
@@ -333,9 +333,22 @@ def test_the_pack_kernel_writes_the_twins_bytes(library, qtype, rows):
     data = _weight_data(rng, qtype, rows, 512)
     source = QuantizedTensor(qtype, data, (rows, 512))
     twin = pack(source)
-    np.testing.assert_array_equal(pack_host(source, library).data, twin.data)
+    np.testing.assert_array_equal(pack_host([source], library).data, twin.data)
     wide = np.concatenate([data, np.zeros((rows, 7), np.uint8)], axis=1)[:, :data.shape[1]]
-    np.testing.assert_array_equal(pack_host(QuantizedTensor(qtype, wide, (rows, 512)), library).data, twin.data)
+    np.testing.assert_array_equal(pack_host([QuantizedTensor(qtype, wide, (rows, 512))], library).data, twin.data)
+
+
+@pytest.mark.parametrize("part_rows", [(16, 8, 13), (8, 13, 24), (40, 1)])
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_parts_packed_in_place_are_the_packed_stack(library, qtype, part_rows):
+    """A fused q/k/v or gate/up packed part by part into its rows (a middle part of 13 rows is
+    concatenated first) has the bytes of the stacked matrix packed whole."""
+    rng = np.random.default_rng(sum(part_rows))
+    parts = [QuantizedTensor(qtype, _weight_data(rng, qtype, rows, 512), (rows, 512)) for rows in part_rows]
+    whole = pack(concat_rows(parts))
+    packed = pack_host(parts, library)
+    assert packed.shape == whole.shape
+    np.testing.assert_array_equal(packed.data, whole.data)
 
 
 def test_a_stacked_weight_is_its_parts_side_by_side(library):

@@ -30,7 +30,7 @@ def test_tensors_keep_their_file_format_with_the_model_shape(checkpoint):
     assert w["layers.3.gate_up"].shape == (2 * cfg.intermediate_size, cfg.hidden_size)
     assert w["layers.3.down"].shape == (cfg.hidden_size, cfg.intermediate_size)
     matrices = [v for k, v in w.items() if k.rsplit(".", 1)[-1] in ("qkv", "o", "gate_up", "down")]
-    assert {m.qtype for m in matrices} == {"Q4_1"}
+    assert {p.qtype for m in matrices for p in getattr(m, "parts", (m,))} == {"Q4_1"}   # fused: a stack of parts
     assert all(w[f"layers.{i}.attn_norm"].dtype == np.float32 for i in range(cfg.num_layers))
     assert all(np.isfinite(m.dequantize()).all() for m in matrices[:8])
     assert len(w) == 2 + 6 * cfg.num_layers   # the q/k/v and gate/up parts are fused, not kept

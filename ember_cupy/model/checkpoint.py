@@ -2,23 +2,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import groupby
 from typing import Callable
 
 import numpy as np
 
 from ember_cupy.config import ModelConfig
-from ember_cupy.quant import QuantizedStack, QuantizedTensor, concat_rows
+from ember_cupy.quant import QuantizedStack, QuantizedTensor
 
 # Canonical weight names, independent of the file format:
 #   embed, norm, lm_head (absent when tied),
 #   layers.{i}.{attn_norm, qkv, qkv_bias (optional), o, ffn_norm, gate_up, down}
 # Float linear weights are stored transposed, [in_features, out_features], so a layer is `x @ W`
 # (on CPU BLAS ~20% faster than `x @ W.T` for small batches); GGUF-quantized ones stay
-# `QuantizedTensor` [out_features, in_features] in their file blocks (ember_cupy/quant.py), a
-# `QuantizedStack` of them where q/k/v or gate/up differ in format.
-# q/k are in HF order (rotate-half RoPE). q/k/v and gate/up are fused at load (one matmul each),
-# and the parts are dropped so the weights are held once.
+# `QuantizedTensor` [out_features, in_features] in their file blocks (ember_cupy/quant.py).
+# q/k are in HF order (rotate-half RoPE). q/k/v and gate/up are fused at load (one matmul each):
+# quantized parts as a `QuantizedStack` of them, stacked when they are put in serving format
+# (packed part by part into one matrix per run of one format, model/weights.py), so the file's
+# blocks are never copied whole first; float parts into one matrix.
 
 ProgressCallback = Callable[[int, int], None]  # (done, total)
 
@@ -49,12 +49,10 @@ def _rows(weight) -> int:
 
 
 def _fused(parts: list) -> np.ndarray | QuantizedTensor | QuantizedStack:
-    """[out, in] parts -> one weight: rows stacked in their common GGUF format, a QuantizedStack of
-    runs of one format where the formats differ, or else (float parts) a float [in, out] matrix."""
+    """[out, in] parts -> one weight: quantized parts as they are (one, or a QuantizedStack of
+    them), or else (float parts) a float [in, out] matrix."""
     if all(isinstance(p, QuantizedTensor) for p in parts):
-        runs = [list(run) for _, run in groupby(parts, key=lambda p: p.qtype)]
-        runs = [run[0] if len(run) == 1 else concat_rows(run) for run in runs]
-        return runs[0] if len(runs) == 1 else QuantizedStack(tuple(runs))
+        return parts[0] if len(parts) == 1 else QuantizedStack(tuple(parts))
     floats = [p.dequantize() if isinstance(p, QuantizedTensor) else p for p in parts]
     return np.ascontiguousarray((floats[0] if len(floats) == 1 else np.concatenate(floats)).T)
 

@@ -31,21 +31,20 @@ from ember_cupy.half_weight import HalfWeight, is_half
 from ember_cupy.ops import _host
 from ember_cupy.ops.pack import to_kernel_format
 from ember_cupy.packed_weight import DequantizedWeight, PackedWeight, StackedWeight, stack
-from ember_cupy.quant import (DEVICE_FORMATS, DeviceQuantizedWeight, DeviceStack, QuantizedStack, QuantizedTensor, quantize_q8_0,
-                              to_device_format)
+from ember_cupy.quant import (DEVICE_FORMATS, DeviceQuantizedWeight, DeviceStack, QuantizedStack, QuantizedTensor,
+                              concat_rows, quantize_q8_0, to_device_format)
 
 
 def _quantized(tensor: QuantizedTensor | QuantizedStack, quantization: str, xp):
     if quantization == "q8_0" and (isinstance(tensor, QuantizedStack) or tensor.qtype != "Q8_0"):
         tensor = quantize_q8_0(tensor.dequantize())
+    runs = tensor.runs() if isinstance(tensor, QuantizedStack) else [[tensor]]
     if xp is not np:
-        if isinstance(tensor, QuantizedStack):
-            return DeviceStack(tuple(to_device_format(part, xp.asarray) for part in tensor.parts))
-        return to_device_format(tensor, xp.asarray)
-    parts = list(tensor.parts) if isinstance(tensor, QuantizedStack) else [tensor]
+        matrices = [to_device_format(concat_rows(run) if len(run) > 1 else run[0], xp.asarray) for run in runs]
+        return matrices[0] if len(matrices) == 1 else DeviceStack(tuple(matrices))
     if _host.unavailable() is not None:
-        return DequantizedWeight.of(parts)
-    return stack([to_kernel_format(part) for part in parts])
+        return DequantizedWeight.of([part for run in runs for part in run])
+    return stack([to_kernel_format(run) for run in runs])
 
 
 def _served_as_float(tensor: QuantizedTensor | QuantizedStack, quantization: str, xp) -> bool:
