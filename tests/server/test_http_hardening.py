@@ -293,3 +293,15 @@ def test_a_long_text_is_tokenized_in_pieces_to_the_ids_of_the_whole(start_server
     interval = sys.getswitchinterval()
     sys.setswitchinterval(old_interval)
     assert interval <= 0.0005 and os.environ.get("TOKENIZERS_PARALLELISM") == "false"
+
+
+def test_the_grammar_tokenizer_is_built_at_start_up_not_in_the_first_constrained_request(start_server):
+    """llguidance's tokenizer holds the GIL ~0.3 s while it is built: a started server builds it
+    on a grammar worker before any constrained request, so none stalls the running ones."""
+    import time
+    server = start_server(num_kv_blocks=16)
+    grammars = server.engine.engine.grammars
+    deadline = time.monotonic() + 60
+    while grammars._ll_tokenizer is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert grammars._ll_tokenizer is not None
