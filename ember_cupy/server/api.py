@@ -138,15 +138,17 @@ TOKENS_JSON_SLICE = 2048
 
 
 def _json_list_in_slices(values: list) -> str:
-    slices = (json.dumps(values[i:i + TOKENS_JSON_SLICE], ensure_ascii=False)[1:-1]
+    slices = (json.dumps(values[i:i + TOKENS_JSON_SLICE])[1:-1]
               for i in range(0, len(values), TOKENS_JSON_SLICE))
-    return "[" + ",".join(s for s in slices if s) + "]"
+    return "[" + ", ".join(s for s in slices if s) + "]"
 
 
-def _tokenize_body(head: dict, tokens: list[int], tokenizer) -> bytes:
-    """/tokenize's JSON answer, `token_strs` too when given the tokenizer (a worker thread's job)."""
-    parts = [json.dumps(head)[:-1], ', "tokens": ', _json_list_in_slices(tokens)]
-    if tokenizer:
+def _tokenize_answer(tokenizer, text: str, add_special_tokens: bool, max_model_len: int,
+                     with_token_strs: bool) -> bytes:
+    """/tokenize's JSON answer for `text` (a worker thread's job, slices as above)."""
+    tokens = tokenizer.encode(text, add_special_tokens)
+    parts = [f'{{"count": {len(tokens)}, "max_model_len": {max_model_len}, "tokens": ', _json_list_in_slices(tokens)]
+    if with_token_strs:
         parts += [', "token_strs": ', _json_list_in_slices([tokenizer.id_to_token(t) for t in tokens])]
     return ("".join(parts) + "}").encode()
 
@@ -218,17 +220,16 @@ class _Handlers:
                                                   add_generation_prompt=body.add_generation_prompt,
                                                   work_chars=text_chars(messages), **(body.chat_template_kwargs or {}))
             add_special_tokens = body.prompt is not None if body.add_special_tokens is None else body.add_special_tokens
-            tokens = await self.engine.tokenize(text, add_special_tokens)
+            # the ids are made, written and freed on a worker thread: a 4 MB text's 1.5M of them
+            # cost the event loop 0.12 s to serialize and ~50 ms to free
+            json_body = await self.engine.off_loop(_tokenize_answer, tokenizer, text, add_special_tokens,
+                                                   self.engine.max_model_len, body.return_token_strs,
+                                                   work_chars=len(text))
         except ValueError as exc:
             raise bad_request(str(exc), param=field) from None
         except (EngineOverloadedError, PrepareTimeoutError) as exc:
             raise engine_error(exc) from None
-        head = {"count": len(tokens), "max_model_len": self.engine.max_model_len}
-        if len(tokens) <= TOKENS_JSON_SLICE and not body.return_token_strs:
-            return web.json_response({**head, "tokens": tokens})
-        json_body = await self.engine.off_loop(_tokenize_body, head, tokens, body.return_token_strs and tokenizer,
-                                               work_chars=len(tokens) * 8)
-        return web.Response(body=json_body, content_type="application/json")
+        return web.Response(body=json_body, content_type="application/json", charset="utf-8")
 
     async def detokenize(self, request: web.Request) -> web.Response:
         raw = await read_json_body(request)

@@ -288,6 +288,7 @@ def test_a_long_text_is_tokenized_in_pieces_to_the_ids_of_the_whole(start_server
     body = json.loads(raw)
     assert body["count"] == len(expected) and body["tokens"] == expected
     assert body["token_strs"] == [tokenizer.id_to_token(i) for i in expected]
+    assert raw == json.dumps(body).encode()   # the bytes json.dumps writes, slices or not
     assert len(seen) > 20 and max(seen) < 2 * text_pieces.PIECE_CHARS
     # the process-wide thread policy the server set (server/thread_policy.py)
     interval = sys.getswitchinterval()
