@@ -31,7 +31,7 @@ def test_a_long_text_is_cut_and_tokenizes_to_the_ids_of_the_whole(tokenizer, mon
             assert tokenizer.encode(text, specials) == tokenizer._encode(text, specials), seed
 
 
-def test_a_4_mb_text_is_cut_into_pieces_of_64_kib(tokenizer):
+def test_a_4_mb_text_is_cut_into_pieces_of_piece_chars(tokenizer):
     text = "lorem ipsum dolor " * (4_000_000 // 18)
     cuts = text_pieces.cut_points(text)
     assert len(cuts) == len(text) // text_pieces.PIECE_CHARS

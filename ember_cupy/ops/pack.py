@@ -14,8 +14,8 @@ from ember_cupy.quant import HALF_TYPES, QuantizedTensor, concat_rows
 def pack_host(parts: list[QuantizedTensor], library) -> PackedWeight:
     """The matrix stacked from `parts` by rows (one format and width), packed: each part straight
     into its rows of the packed matrix, so a fused q/k/v or gate/up is never first copied whole
-    (that concatenation cost the 1B Q6_K file's load 1.2 s of its 2.9). Parts after a first one
-    whose rows are not whole groups of 8 are concatenated first, as a group cannot be split."""
+    (one copy of the matrix less at load). Parts that leave a group of 8 rows unfinished before
+    the last are concatenated first, as a group cannot be split."""
     for part in parts:
         check_packable(part)
     if any(part.shape[0] % ROWS_PER_GROUP for part in parts[:-1]):

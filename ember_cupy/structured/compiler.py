@@ -2,7 +2,8 @@
 
 One `GrammarCompiler` per engine: it builds llguidance's tokenizer once (from the `tokenizers`
 JSON the engine already has; ~0.3-0.4 s for a 49k vocabulary, holding the GIL: the server builds
-it right after start-up, the offline engine when the first constrained request arrives) and keeps the compiled matchers in an LRU cache keyed by StructuredOutputsParams.key.
+it right after start-up, the offline engine when the first constrained request arrives) and keeps
+the compiled matchers in an LRU cache keyed by StructuredOutputsParams.key.
 A request gets a private copy of the cached matcher (`LLMatcher.deep_copy`, which shares the
 compiled grammar). `compile` is thread-safe: the server calls it from a worker thread, off its
 event loop.
