@@ -141,6 +141,7 @@ def test_a_caller_and_workers_that_sleep_at_every_wait_lose_no_wakeup(library):
     """EMBER_SPIN_US=0: the caller sleeps at every join until the last worker signals it, and the
     workers between jobs: a lost wakeup is a hang, a missed join a wrong result."""
     code = _SLEEPY_POOL.format(isa=library.isa)
-    env = {**os.environ, "EMBER_SPIN_US": "0", "PYTHONPATH": os.getcwd()}
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "EMBER_SPIN_US": "0", "PYTHONPATH": repo}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
