@@ -291,9 +291,10 @@ static inline __attribute__((always_inline)) void group_pair_tile_formats(
         const uint8_t *ra = record_of(ga, wtype, b), *rc = record_of(gb, wtype, b);
         const int bi = (int)(b % f.blocks);
         const uint8_t *ba = ra + f.header_bytes + bi * f.block_bytes, *bb = rc + f.header_bytes + bi * f.block_bytes;
+        const uint8_t *pa = pair_prefetch_target(ba, gb, gb - ga), *pb = pair_prefetch_target(bb, gb + (gb - ga), gb - ga);
         for (int line = 0; line < 3; line++) {
-            _mm_prefetch((const char *)(ba + PREFETCH_BYTES + 64 * line), _MM_HINT_T0);
-            _mm_prefetch((const char *)(bb + PREFETCH_BYTES + 64 * line), _MM_HINT_T0);
+            _mm_prefetch((const char *)(pa + 64 * line), _MM_HINT_T0);
+            _mm_prefetch((const char *)(pb + 64 * line), _MM_HINT_T0);
         }
         __m512i v[8];
         decode_values16(ba, bb, f.high_bits, v);
