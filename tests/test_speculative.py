@@ -143,8 +143,8 @@ def test_the_gate_drafts_when_verification_is_free_and_not_when_each_row_costs_i
     for costs, speculates in ((LinearCosts(), False), (FreeVerification(), True)):
         llm = _speculating(make_llm, costs)
         proposer, calls = llm.engine.speculator.proposer, []
-        propose = proposer.propose
-        proposer.propose = lambda *args: calls.append(1) or propose(*args)
+        propose_batch = proposer.propose_batch
+        proposer.propose_batch = lambda *args: calls.append(1) or propose_batch(*args)
         llm.generate([COPY_PROMPT], params)
         assert (llm.engine.spec_decode_stats.num_drafts > 0) is speculates
         assert bool(calls) is speculates   # when no draft could pay, the proposer is not even asked

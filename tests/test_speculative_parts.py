@@ -3,6 +3,7 @@ from step costs, the cost table, and the configuration's validation."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -25,6 +26,45 @@ def test_prompt_lookup_takes_the_longest_suffix_match_and_its_earliest_occurrenc
     assert NgramProposer(3, 3).propose([1, 2], 4) == []                         # shorter than the n-gram
     assert NgramProposer(1, 1).propose([9, 9, 9], 5) == [9, 9]                  # overlapping match, up to the end
 
+
+
+def scanned_drafts(token_ids: list[int], max_tokens: int, min_n: int, max_n: int) -> list[int]:
+    """prompt lookup by a scan of the whole list: the test's own oracle"""
+    total = len(token_ids)
+    if max_tokens <= 0 or total <= min_n:
+        return []
+    for n in range(min(max_n, total - 1), min_n - 1, -1):
+        for start in range(total - n):
+            if token_ids[start:start + n] == token_ids[total - n:]:
+                return token_ids[start + n:start + n + max_tokens]
+    return []
+
+
+class TokenList:
+    """what the proposer reads of a sequence"""
+    token_ids: list[int]
+
+
+@pytest.mark.parametrize("min_n,max_n", [(1, 1), (2, 4), (3, 5)])
+def test_a_sequences_index_follows_its_growing_and_cut_token_list(min_n, max_n):
+    """One proposer asked at every length of a list that grows by 1-4 tokens a step (a
+    verification's accepted run) and is cut now and then (a stop string): each answer equals a
+    scan of the whole list, so the index never misses or keeps a stale occurrence."""
+    rng = random.Random(min_n * 10 + max_n)
+    proposer = NgramProposer(min_n, max_n)
+    seq = TokenList()
+    seq.token_ids = [rng.randrange(6) for _ in range(5)]
+    asked = 0
+    for step in range(400):
+        if step % 97 == 96:
+            del seq.token_ids[len(seq.token_ids) - rng.randrange(1, 6):]
+        limit = rng.randrange(0, 5)
+        assert proposer.propose_batch([seq], [limit]) == [scanned_drafts(seq.token_ids, limit, min_n, max_n)]
+        asked += bool(limit)
+        seq.token_ids += [rng.randrange(6) for _ in range(rng.randrange(1, 5))]
+    assert asked > 300
+    proposer.release(seq)
+    assert not proposer._indexes
 
 def test_verification_keeps_the_agreeing_prefix_and_the_targets_next_token():
     assert accepted_count([4, 5, 6], [4, 5, 7, 8]) == 2

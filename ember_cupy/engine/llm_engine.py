@@ -124,12 +124,13 @@ class LLMEngine:
             return None
         if proposer is not None:
             proposer.allocate_pool(self.runner.num_blocks)
-            self.scheduler.on_free = proposer.release
         costs = StepCosts()
         k = config.num_speculative_tokens
         costs.calibrate(self.runner.time_forward,
                         min(self.config.max_num_batched_tokens, self.config.max_num_seqs * (1 + k)))
-        return Speculator(config, costs, proposer)
+        speculator = Speculator(config, costs, proposer)
+        self.scheduler.on_free = speculator.proposer.release
+        return speculator
 
     @property
     def spec_decode_stats(self) -> SpecDecodeStats | None:
