@@ -2,7 +2,8 @@
 
 One server started with --speculative-config (spawned, or --url); the "off" requests carry
 `"speculative": false`, so both arms share the process, its warm caches and its measured step
-costs, and run one after the other at each concurrency. Greedy, EOS honoured: speculation is
+costs, and run one after the other at each concurrency, --repeats pairs of them with the order
+alternating (one pair's ratio swings by +-5% on two cores: the tool pools the repeats). Greedy, EOS honoured: speculation is
 exact, so both arms generate the same tokens and their tok/s compare like for like.
 
 Workloads:
@@ -11,10 +12,10 @@ Workloads:
   free:     open-ended writing (where drafts seldom match: the gate must keep this at ~1x).
 
     python tools/bench_speculative.py --out spec.json                  # c1, c4, c16, both workloads
-    python tools/bench_speculative.py --concurrency 1 --max-seconds 10 --num-requests 2   # a smoke run
+    python tools/bench_speculative.py --concurrency 1 --max-seconds 10 --num-requests 2 --repeats 1   # a smoke run
 
-Output JSON, per workload and concurrency: each arm's output tok/s (and bench_serving's summary),
-the ratio on/off, and the arm's speculation counts from /metrics: drafts, drafted and accepted
+Output JSON, per workload and concurrency: each arm's runs (bench_serving's summary), its pooled
+output tok/s, the pooled ratio on/off and each pair's, and the arm's speculation counts from /metrics: drafts, drafted and accepted
 tokens, the acceptance rate and the acceptance per draft position.
 """
 from __future__ import annotations
@@ -118,15 +119,31 @@ async def bench(url: str, args) -> dict:
         rows = report["workloads"][name] = {}
         for concurrency in args.concurrency:
             prompts = workloads[name](args.num_requests or 2 * concurrency)
-            off = await run_arm(url, model, prompts, args, concurrency, speculative=False)
-            on = await run_arm(url, model, prompts, args, concurrency, speculative=True)
-            ratio = on["output_tok_per_s"] / off["output_tok_per_s"] if off["output_tok_per_s"] else None
-            rows[f"c{concurrency}"] = {"off": off, "on": on, "ratio": ratio}
-            rate = on["speculation"]["acceptance_rate"]
-            print(f"{name:9s} c{concurrency:<3d} off {off['output_tok_per_s']:7.1f} tok/s   "
-                  f"on {on['output_tok_per_s']:7.1f} tok/s   x{ratio or 0:.2f}   "
+            row = rows[f"c{concurrency}"] = await compare_arms(url, model, prompts, args, concurrency)
+            rate = row["on"][-1]["speculation"]["acceptance_rate"]
+            spread = "/".join(f"{r:.2f}" for r in row["ratios"])
+            print(f"{name:9s} c{concurrency:<3d} off {row['off_tok_per_s']:7.1f} tok/s   "
+                  f"on {row['on_tok_per_s']:7.1f} tok/s   x{row['ratio'] or 0:.2f} ({spread})   "
                   f"acceptance {'-' if rate is None else f'{rate:.2f}'}", flush=True)
     return report
+
+
+async def compare_arms(url: str, model: str, prompts: list[str], args, concurrency: int) -> dict:
+    """args.repeats pairs of arms, the order alternating (off/on, on/off, ...): a drifting machine
+    or a warming process favours neither arm. Each arm's tok/s pools its repeats (all tokens over
+    all time); ratios lists each pair's own."""
+    arms: dict[str, list[dict]] = {"off": [], "on": []}
+    for repeat in range(args.repeats):
+        order = ("off", "on") if repeat % 2 == 0 else ("on", "off")
+        for arm in order:
+            arms[arm].append(await run_arm(url, model, prompts, args, concurrency, speculative=arm == "on"))
+    pooled = {arm: sum(s["total_output_tokens"] for s in runs) / sum(s["duration_s"] for s in runs)
+              for arm, runs in arms.items()}
+    ratios = [on["output_tok_per_s"] / off["output_tok_per_s"] if off["output_tok_per_s"] else math.nan
+              for off, on in zip(arms["off"], arms["on"])]
+    return {"off": arms["off"], "on": arms["on"], "off_tok_per_s": pooled["off"], "on_tok_per_s": pooled["on"],
+            "ratio": pooled["on"] / pooled["off"] if pooled["off"] else None, "ratios": ratios,
+            "failed": sum(s["failed"] for runs in arms.values() for s in runs)}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -137,6 +154,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--workloads", type=lambda s: s.split(","), default=["grounded", "free"])
     ap.add_argument("--num-requests", type=int, default=None, help="per arm (default: 2 x concurrency)")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3, help="pairs of arms per cell, order alternating")
     ap.add_argument("--max-seconds", type=float, default=math.inf, help="per arm: stop sending after this")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     ap.add_argument("--out", default=None, help="write the report as JSON here")
