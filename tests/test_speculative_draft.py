@@ -156,6 +156,33 @@ def test_the_gate_weighs_the_draft_models_measured_cost(tiny_drafting, monkeypat
     assert not calls   # no draft could pay: the draft model never ran
 
 
+
+def test_the_gate_is_told_the_rows_the_draft_model_must_catch_up(checkpoint, tiny_draft_path):
+    """first_rows(seq), which the gate charges, is what the draft's first step then computes for
+    seq: 1 as a sequence starts, its lag after steps that did not draft."""
+    llm = _always_drafting(LLM(checkpoint, speculative_config=_draft_config(tiny_draft_path, 3)))
+    engine, proposer = llm.engine, llm.engine.speculator.proposer
+    engine.add_request("r", PROMPTS[1], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    engine.step()                                   # the prompt
+    seq = engine.scheduler.running[0]
+    assert proposer.first_rows(seq) == 1            # not seen yet: its prompt's catch-up is not charged
+    firsts, execute = [], proposer.runner.execute
+    proposer.runner.execute = lambda batch: firsts.append(dict(batch.scheduled).popitem()[1]) or execute(batch)
+    lags = []
+    for drafting in (True, False, False, False, True, True):
+        proposer.costs = FreeDrafting() if drafting else CostlyDrafting()
+        expected, tokens, firsts[:] = proposer.first_rows(seq), seq.num_tokens, []
+        engine.step()
+        if not drafting:
+            assert not firsts
+        elif lags or expected != 1:
+            assert firsts[0] == expected
+            lags.append(expected)
+        else:                                       # the first: the whole prompt, uncharged
+            assert firsts[0] == tokens
+            lags.append(0)
+    assert max(lags) >= 4   # three steps without drafts: three more tokens to catch up
+
 def test_a_draft_of_another_vocabulary_is_refused(checkpoint, tmp_path):
     write_tiny_checkpoint(tmp_path / "small")
     with pytest.raises(ValueError, match=r"vocabulary has 64 tokens, the target model's 49152"):

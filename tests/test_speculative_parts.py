@@ -78,30 +78,48 @@ def test_the_gate_follows_costs_and_acceptance():
     linear = lambda n: float(n)              # noqa: E731
     knee = lambda n: 1.0 if n <= 8 else n / 8.0   # rows free up to 8, then each costs its share  # noqa: E731
     good, poor = Candidate(4, 0.9), Candidate(4, 0.05)
-    assert choose_drafts([good], 1, 1, free) == [4]
-    assert choose_drafts([good], 1, 1, linear) == [0]
-    assert choose_drafts([Candidate(4, 0.0)], 1, 1, free) == [0]          # worthless drafts cost nothing, gain nothing
+    assert choose_drafts([good], 1, free) == [4]
+    assert choose_drafts([good], 1, linear) == [0]
+    assert choose_drafts([Candidate(4, 0.0)], 1, free) == [0]          # worthless drafts cost nothing, gain nothing
     # one decode alone: the good sequence drafts up to the knee; 16 decodes: no room under the knee
-    assert choose_drafts([good, poor], 2, 2, knee) == [4, 2]
-    assert choose_drafts([good] * 16, 16, 16, knee) == [0] * 16
+    assert choose_drafts([good, poor], 2, knee) == [4, 2]
+    assert choose_drafts([good] * 16, 16, knee) == [0] * 16
     # rows cost a little: the good sequence drafts, the poor one does not
     cheap = lambda n: 1.0 + 0.05 * n         # noqa: E731
-    assert choose_drafts([good, poor], 2, 2, cheap) == [4, 0]
+    assert choose_drafts([good, poor], 2, cheap) == [4, 0]
 
 
 def test_the_gate_charges_a_draft_models_steps_per_drafted_position():
     free = lambda n: 1.0                     # noqa: E731
     good = Candidate(4, 0.9)
-    assert choose_drafts([good], 1, 1, free, lambda m: 0.0) == [4]
+    assert choose_drafts([good], 1, free, lambda m: 0.0) == [4]
     # a draft step costs a tenth of a target step: the fourth draft (worth 0.9**4) still pays
-    assert choose_drafts([good], 1, 1, free, lambda m: 0.1) == [4]
+    assert choose_drafts([good], 1, free, lambda m: 0.1) == [4]
     # half a target step: the fourth position's 0.66 tokens no longer pay for it
-    assert choose_drafts([good], 1, 1, free, lambda m: 0.5) == [3]
-    assert choose_drafts([good], 1, 1, free, lambda m: 2.0) == [0]
+    assert choose_drafts([good], 1, free, lambda m: 0.5) == [3]
+    assert choose_drafts([good], 1, free, lambda m: 2.0) == [0]
     # one draft step drafts a position for every sequence: four sequences pay it once per position
-    assert choose_drafts([good] * 4, 4, 4, free, lambda m: 0.5) == [3] * 4
+    assert choose_drafts([good] * 4, 4, free, lambda m: 0.5) == [3] * 4
     # while a draft model whose step grows with its rows costs each sequence its share
-    assert choose_drafts([good] * 4, 4, 4, free, lambda m: 0.5 * m) == [0] * 4
+    assert choose_drafts([good] * 4, 4, free, lambda m: 0.5 * m) == [0] * 4
+
+
+
+def test_the_gate_charges_the_rows_a_draft_model_must_catch_up_before_it_drafts():
+    """The first draft step also computes the tokens the draft lacks: a sequence 6 tokens behind
+    costs 6 rows there, not 1 (a 16-stream server drafted at a loss when it was charged 1)."""
+    free = lambda n: 1.0                     # noqa: E731
+    per_row = lambda m: 0.1 * m              # noqa: E731
+    assert choose_drafts([Candidate(4, 0.9)], 1, free, per_row) == [4]
+    # 6 rows behind: 0.6 s more for the first position, still repaid by four drafts
+    assert choose_drafts([Candidate(4, 0.9, first_rows=6)], 1, free, per_row) == [4]
+    assert choose_drafts([Candidate(4, 0.9, first_rows=40)], 1, free, per_row) == [0]
+    behind = [Candidate(2, 0.9, first_rows=3)] * 2
+    # position 0 costs the two sequences' 6 rows, position 1 their 2: (2 + 2 * (0.9 + 0.81)) / (1 + 0.8)
+    # beats 2 / 1; at 0.3 s a row it does not (with 1 row behind each, it would)
+    assert choose_drafts(behind, 2, free, per_row) == [2, 2]
+    assert choose_drafts(behind, 2, free, lambda m: 0.3 * m) == [0, 0]
+    assert choose_drafts([Candidate(2, 0.9)] * 2, 2, free, lambda m: 0.3 * m) == [2, 2]
 
 
 def test_step_costs_interpolate_between_measured_sizes_and_follow_new_measurements():
@@ -116,6 +134,26 @@ def test_step_costs_interpolate_between_measured_sizes_and_follow_new_measuremen
         costs.record(4, 0.1)
     assert costs.seconds(4) == pytest.approx(0.1, rel=1e-3)
 
+
+
+def test_sizes_not_measured_again_follow_the_load_of_those_that_are():
+    """A server measures only the sizes it keeps running (4 decodes): when those run slower than
+    at start-up, the sizes a draft would take them to (8) must slow down alike, or the drafts look
+    cheap (the numbers of a 4-stream server with a draft model that drafted at a loss)."""
+    start_up = {1: 0.0056, 2: 0.0062, 4: 0.0095, 8: 0.0161, 16: 0.0238}
+    costs = StepCosts()
+    costs.calibrate(lambda n: start_up.get(n, 0.0238 * n / 16), 16)
+    for _ in range(30):
+        costs.record(4, 0.0138)
+    assert costs.seconds(4) == pytest.approx(0.0138, rel=5e-3)
+    assert costs.seconds(8) == pytest.approx(0.0161 * 0.0138 / 0.0095, rel=5e-3)
+    assert costs.seconds(6) == pytest.approx((costs.seconds(4) + costs.seconds(8)) / 2)
+    draft_step = lambda m: 0.0102 * m / 4   # noqa: E731  (a draft model as costly as the target)
+    sure = Candidate(1, 0.95)
+    assert choose_drafts([sure] * 4, 4, costs.seconds, draft_step) == [0] * 4
+    for _ in range(30):     # the load goes: every size is back to its start-up time
+        costs.record(4, 0.0095)
+    assert costs.seconds(8) == pytest.approx(0.0161, rel=5e-3)
 
 def test_speculative_config_takes_vllm_keys_and_refuses_bad_ones():
     cfg = SpeculativeConfig.from_value('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}')

@@ -121,6 +121,15 @@ class DraftModelProposer:
             scheduled = self._draft_step(scheduled, drafts)
         return drafts
 
+    def first_rows(self, seq: Sequence) -> int:
+        """Rows of seq's shadow in the first draft step: the tokens it lacks, its last one at
+        least (1 for a sequence not seen yet: its prompt's catch-up is paid once, not charged)."""
+        shadow = self._shadows.get(id(seq))
+        if shadow is None:
+            return 1
+        computed = min(shadow.num_computed_tokens, common_prefix(shadow.token_ids, seq.token_ids), seq.num_tokens - 1)
+        return min(seq.num_tokens - computed, self.catch_up_budget)
+
     def keep(self, seq: Sequence, num_drafts: int) -> None:
         """seq keeps only its first num_drafts drafts: the shadow forgets the others."""
         shadow = self._shadows.get(id(seq))

@@ -245,7 +245,7 @@ class LLMEngine:
         """Schedule, run the model, sample, update the sequences: no text."""
         computed = EngineStepOutput()
         if self.speculator is not None:
-            self.speculator.propose(self.scheduler.running, self._likely_prompt_tokens())
+            self.speculator.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
         if self.speculator is not None:
             self.speculator.scheduled()
@@ -277,13 +277,6 @@ class LLMEngine:
         seqs = self.requests.get(request_id)
         if seqs is not None and all(seq.is_finished for seq in seqs):
             del self.requests[request_id]
-
-    def _likely_prompt_tokens(self) -> int:
-        """The prompt tokens the next step will likely compute: what waits, up to its budget."""
-        scheduler = self.scheduler
-        waiting = sum(seq.num_uncomputed_tokens for seq in scheduler.running if seq.num_uncomputed_tokens > 1)
-        waiting += sum(seq.num_uncomputed_tokens for seq in scheduler.waiting)
-        return min(waiting, self.config.max_num_prefill_tokens or self.config.max_num_batched_tokens)
 
     def _sampling_rows(self, batch: ScheduledBatch, step_logits):
         """The rows that sample now, each with the sequence (or its verification view) it samples

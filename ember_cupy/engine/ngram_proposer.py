@@ -13,7 +13,8 @@ sequence.
 
 The proposer interface (engine/speculator.py, and engine/draft_proposer.py's draft model):
 propose_batch(seqs, max_tokens) -> each sequence's drafts; costs: the drafter's measured step
-costs (StepCosts), None when drafting is free as here; keep(seq, num_drafts): seq keeps only its
+costs (StepCosts), None when drafting is free as here; first_rows(seq), where costs are given:
+the rows the drafter's first step computes for seq; keep(seq, num_drafts): seq keeps only its
 first num_drafts drafts (the rest were not scheduled, or rejected); release(seq): forget a
 sequence (finished, aborted, preempted).
 """

@@ -67,9 +67,8 @@ class Speculator:
         self._drafted: list[Sequence] = []   # the sequences the proposer drafted for this step
 
     # --- before scheduling ----------------------------------------------------------------
-    def propose(self, running: list[Sequence], num_prompt_tokens: int) -> None:
-        """Set the drafts of the decoding sequences of `running`. num_prompt_tokens: the prompt
-        tokens the step will likely compute beside them (their rows cost too)."""
+    def propose(self, running: list[Sequence]) -> None:
+        """Set the drafts of the decoding sequences of `running`."""
         decoding = [seq for seq in running if seq.num_uncomputed_tokens == 1]
         for seq in running:
             seq.draft_token_ids = []
@@ -77,12 +76,12 @@ class Speculator:
         if not decoding or not self.costs.measured or (limit is not None and len(running) >= limit):
             return
         eligible = [seq for seq in decoding if self._may_draft(seq)]
-        num_tokens = len(decoding) + num_prompt_tokens
         # a plan first, from each sequence's room: if no draft would pay, the proposer need not
         # run; a drafter that costs time (a draft model) drafts only what the plan keeps
         drafter_costs = self.proposer.costs
-        bound = [Candidate(self._room(seq), self._acceptance(seq)) for seq in eligible]
-        plan = choose_drafts(bound, len(decoding), num_tokens, self.costs.seconds,
+        bound = [Candidate(self._room(seq), self._acceptance(seq),
+                           1 if drafter_costs is None else self.proposer.first_rows(seq)) for seq in eligible]
+        plan = choose_drafts(bound, len(decoding), self.costs.seconds,
                              None if drafter_costs is None else drafter_costs.seconds)
         if not any(plan):
             return
@@ -94,7 +93,7 @@ class Speculator:
         if not offered:
             return
         candidates = [Candidate(len(drafts), self._acceptance(seq)) for seq, drafts in offered]
-        kept = choose_drafts(candidates, len(decoding), num_tokens, self.costs.seconds)
+        kept = choose_drafts(candidates, len(decoding), self.costs.seconds)
         for (seq, drafts), count in zip(offered, kept):
             seq.draft_token_ids = drafts[:count]
             if count == 0:
