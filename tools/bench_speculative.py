@@ -115,6 +115,9 @@ async def bench(url: str, args) -> dict:
     report = {"config": {k: (str(v) if isinstance(v, float) and math.isinf(v) else v) for k, v in vars(args).items()
                          if k != "out"} | {"model": model}, "workloads": {}}
     workloads = {"grounded": grounded_prompts, "free": free_prompts}
+    # unrecorded: the first requests of a fresh server run cold, and would count against one arm
+    for speculative in (False, True):
+        await run_arm(url, model, workloads[args.workloads[0]](2), args, 2, speculative)
     for name in args.workloads:
         rows = report["workloads"][name] = {}
         for concurrency in args.concurrency:
