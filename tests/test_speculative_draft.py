@@ -113,6 +113,7 @@ def test_draft_pages_follow_the_sequences_and_an_abort_frees_them(checkpoint, ti
               block_size=4, num_kv_blocks=20, max_num_seqs=4, max_num_batched_tokens=6)
     engine, proposer = llm.engine, llm.engine.speculator.proposer
     assert proposer.costs.measured and proposer.costs.seconds(1) > 0   # the draft's steps timed at start-up
+    assert proposer.costs.level is engine.speculator.costs.level      # one machine, one load level
     _always_drafting(llm)
     execute = proposer.runner.execute
 

@@ -155,6 +155,19 @@ def test_sizes_not_measured_again_follow_the_load_of_those_that_are():
         costs.record(4, 0.0095)
     assert costs.seconds(8) == pytest.approx(0.0161, rel=5e-3)
 
+
+def test_a_draft_models_table_follows_the_targets_load():
+    """The draft runs only when the gate drafts: its own steps seldom tell it that the machine got
+    slower, and a quiet draft beside a loaded target looks cheap. It shares the target's level."""
+    target = StepCosts()
+    target.calibrate(lambda n: 0.006 * n, 8)
+    draft = StepCosts(target.level)
+    draft.calibrate(lambda n: 0.003 * n, 8)
+    for _ in range(30):
+        target.record(1, 0.009)
+    assert draft.seconds(1) == pytest.approx(0.0045, rel=5e-3)
+    assert draft.seconds(4) == pytest.approx(0.018, rel=5e-3)
+
 def test_speculative_config_takes_vllm_keys_and_refuses_bad_ones():
     cfg = SpeculativeConfig.from_value('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}')
     assert (cfg.prompt_lookup_min, cfg.prompt_lookup_max) == (4, 4)

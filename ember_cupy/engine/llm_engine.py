@@ -124,7 +124,7 @@ class LLMEngine:
             return None
         if proposer is not None:
             proposer.allocate_pool(self.runner.num_blocks)
-        costs = StepCosts()
+        costs = StepCosts(None if proposer is None else proposer.costs.level)
         k = config.num_speculative_tokens
         costs.calibrate(self.runner.time_forward,
                         min(self.config.max_num_batched_tokens, self.config.max_num_seqs * (1 + k)))

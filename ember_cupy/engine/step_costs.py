@@ -17,7 +17,9 @@ the others kept their quiet start-up times, and a draft that moves a step to one
 looked cheap (a server with 4 streams measured its 4-token steps at 14 ms against 9.5 at start-up,
 still read 8 tokens at 16 ms, and drafted at a loss). So the table also keeps a load level, the
 exponential average of measured / start-up time over every step, and each size's estimate moves
-with the level since it was measured: estimate = its seconds x (level now / level then).
+with the level since it was measured: estimate = its seconds x (level now / level then). A draft
+model's table shares the target's level (LoadLevel): both run on the same cores in the same
+thread, and the draft runs only when the gate drafts, so its own steps would seldom tell it.
 """
 from __future__ import annotations
 
@@ -56,13 +58,23 @@ def along(sizes: list[int], key: int, value) -> float:
     return max(value(low) + slope * (key - low), min(value(size) for size in (low, high)))
 
 
-class StepCosts:
+class LoadLevel:
+    """How much slower steps run now than at start-up: an exponential average of the ratio."""
+
     def __init__(self):
+        self.value = 1.0
+
+    def observe(self, ratio: float) -> None:
+        self.value += SMOOTHING * (ratio - self.value)
+
+
+class StepCosts:
+    def __init__(self, level: LoadLevel | None = None):
         self._seconds: dict[int, tuple[float, float]] = {}   # size -> (seconds, load level then)
         self._sizes: list[int] = []                         # the keys of _seconds, sorted
         self._start_up: dict[int, float] = {}               # size -> seconds when calibrated
         self._start_up_sizes: list[int] = []
-        self.load = 1.0
+        self.level = level or LoadLevel()
 
     def calibrate(self, time_forward, max_tokens: int) -> None:
         """Seed the table: time_forward(n) -> seconds of a forward pass of n tokens, for the
@@ -76,7 +88,6 @@ class StepCosts:
                 self._start_up[size] = seconds
                 self._set(size, seconds)
         self._start_up_sizes = sorted(self._start_up)
-        self.load = 1.0
 
     def record(self, num_tokens: int, seconds: float) -> None:
         if num_tokens <= 0 or seconds <= 0:
@@ -84,7 +95,7 @@ class StepCosts:
         key = bucket(num_tokens)
         if self._start_up:
             quiet = along(self._start_up_sizes, key, self._start_up.__getitem__)
-            self.load += SMOOTHING * (seconds / quiet - self.load)
+            self.level.observe(seconds / quiet)
         old = self._estimate(key) if key in self._seconds else None
         self._set(key, seconds if old is None else old + SMOOTHING * (seconds - old))
 
@@ -98,9 +109,9 @@ class StepCosts:
 
     def _estimate(self, key: int) -> float:
         seconds, load_then = self._seconds[key]
-        return seconds * self.load / load_then
+        return seconds * self.level.value / load_then
 
     def _set(self, key: int, seconds: float) -> None:
         if key not in self._seconds:
             bisect.insort(self._sizes, key)
-        self._seconds[key] = (seconds, self.load)
+        self._seconds[key] = (seconds, self.level.value)
