@@ -3,7 +3,9 @@
 One server started with --speculative-config (spawned, or --url); the "off" requests carry
 `"speculative": false`, so both arms share the process, its warm caches and its measured step
 costs, and run one after the other at each concurrency, --repeats pairs of them with the order
-alternating (one pair's ratio swings by +-5% on two cores: the tool pools the repeats). Greedy, EOS honoured: speculation is
+alternating (one pair's ratio swings by +-5% on two cores: the tool pools the repeats). The
+spawned server runs without prefix caching: both arms send the same prompts, and the first arm
+would pay every prefill the others find cached (grounded c1 paid 18-27% for it). Greedy, EOS honoured: speculation is
 exact, so both arms generate the same tokens and their tok/s compare like for like.
 
 Workloads:
@@ -151,7 +153,10 @@ async def compare_arms(url: str, model: str, prompts: list[str], args, concurren
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_server_arguments(ap, f"--speculative-config '{DEFAULT_SPEC}'")
+    add_server_arguments(ap, "--no-enable-prefix-caching")
+    ap.add_argument("--speculative-config", default=DEFAULT_SPEC,
+                    help=f"the spawned server's (default {DEFAULT_SPEC!r}; a draft model: "
+                         '\'{"model": PATH, "num_speculative_tokens": 4}\')')
     ap.add_argument("--concurrency", type=lambda s: [int(c) for c in s.split(",")], default=[1, 4, 16],
                     help="comma-separated (default 1,4,16)")
     ap.add_argument("--workloads", type=lambda s: s.split(","), default=["grounded", "free"])
@@ -166,7 +171,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    with served(args.url, shlex.split(args.server_args), args.server_log) as server:
+    server_args = shlex.split(args.server_args) + ["--speculative-config", args.speculative_config]
+    with served(args.url, server_args, args.server_log) as server:
         report = asyncio.run(bench(server.url, args))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
