@@ -8,7 +8,7 @@ import random
 import pytest
 
 from ember_cupy.config import EngineConfig
-from ember_cupy.engine.ngram_proposer import NgramProposer
+from ember_cupy.engine.ngram_proposer import NgramIndex, NgramProposer
 from ember_cupy.engine.spec_verify import accepted_count, verified_tokens
 from ember_cupy.engine.speculation_gate import Candidate, choose_drafts
 from ember_cupy.engine.step_costs import StepCosts
@@ -16,15 +16,15 @@ from ember_cupy.speculative_config import SpeculativeConfig
 
 
 def test_prompt_lookup_takes_the_longest_suffix_match_and_its_earliest_occurrence():
-    assert NgramProposer(2, 3).propose([1, 2, 3, 4, 2, 3], 4) == [4, 2, 3]   # vLLM's docstring example
+    assert NgramIndex(2, 3).propose([1, 2, 3, 4, 2, 3], 4) == [4, 2, 3]   # vLLM's docstring example
     # [5, 6, 7] matches at 0 (3-gram) and [6, 7] also at 4: the longest wins
-    assert NgramProposer(2, 3).propose([5, 6, 7, 8, 6, 7, 9, 5, 6, 7], 2) == [8, 6]
+    assert NgramIndex(2, 3).propose([5, 6, 7, 8, 6, 7, 9, 5, 6, 7], 2) == [8, 6]
     # the 2-gram [1, 2] occurs at 0 and 3: the earliest
-    assert NgramProposer(2, 2).propose([1, 2, 7, 1, 2, 8, 1, 2], 3) == [7, 1, 2]
-    assert NgramProposer(2, 4).propose([1, 2, 3, 4], 4) == []                   # no earlier occurrence
-    assert NgramProposer(2, 4).propose([1, 2, 1, 2], 0) == []                   # no room
-    assert NgramProposer(3, 3).propose([1, 2], 4) == []                         # shorter than the n-gram
-    assert NgramProposer(1, 1).propose([9, 9, 9], 5) == [9, 9]                  # overlapping match, up to the end
+    assert NgramIndex(2, 2).propose([1, 2, 7, 1, 2, 8, 1, 2], 3) == [7, 1, 2]
+    assert NgramIndex(2, 4).propose([1, 2, 3, 4], 4) == []                   # no earlier occurrence
+    assert NgramIndex(2, 4).propose([1, 2, 1, 2], 0) == []                   # no room
+    assert NgramIndex(3, 3).propose([1, 2], 4) == []                         # shorter than the n-gram
+    assert NgramIndex(1, 1).propose([9, 9, 9], 5) == [9, 9]                  # overlapping match, up to the end
 
 
 

@@ -3,10 +3,11 @@
 One server started with --speculative-config (spawned, or --url); the "off" requests carry
 `"speculative": false`, so both arms share the process, its warm caches and its measured step
 costs, and run one after the other at each concurrency, --repeats pairs of them with the order
-alternating (one pair's ratio swings by +-5% on two cores: the tool pools the repeats). The
-spawned server runs without prefix caching: both arms send the same prompts, and the first arm
-would pay every prefill the others find cached (grounded c1 paid 18-27% for it). Greedy, EOS honoured: speculation is
-exact, so both arms generate the same tokens and their tok/s compare like for like.
+alternating (on two cores one pair's ratio swings by up to +-10% with identical work: the tool
+pools the repeats). The spawned server runs without prefix caching: both arms send the same
+prompts, and the first arm would pay every prefill the others find cached (grounded c1 paid
+18-27% for it). Greedy, EOS honoured: speculation is exact, so both arms generate the same tokens
+and their tok/s compare like for like.
 
 Workloads:
   grounded: the output copies spans of the prompt: rewrite a paragraph of the docs, add a docstring
@@ -16,9 +17,10 @@ Workloads:
     python tools/bench_speculative.py --out spec.json                  # c1, c4, c16, both workloads
     python tools/bench_speculative.py --concurrency 1 --max-seconds 10 --num-requests 2 --repeats 1   # a smoke run
 
-Output JSON, per workload and concurrency: each arm's runs (bench_serving's summary), its pooled
-output tok/s, the pooled ratio on/off and each pair's, and the arm's speculation counts from /metrics: drafts, drafted and accepted
-tokens, the acceptance rate and the acceptance per draft position.
+Output JSON, per workload and concurrency: each arm's runs (bench_serving's summary, with the
+run's speculation counts from /metrics: drafts, drafted and accepted tokens, the acceptance rate
+and per draft position), its pooled output tok/s, the pooled ratio on/off and each pair's, and
+the "on" arm's acceptance rate over all its runs.
 """
 from __future__ import annotations
 
@@ -125,7 +127,7 @@ async def bench(url: str, args) -> dict:
         for concurrency in args.concurrency:
             prompts = workloads[name](args.num_requests or 2 * concurrency)
             row = rows[f"c{concurrency}"] = await compare_arms(url, model, prompts, args, concurrency)
-            rate = row["on"][-1]["speculation"]["acceptance_rate"]
+            rate = row["acceptance_rate"]
             spread = "/".join(f"{r:.2f}" for r in row["ratios"])
             print(f"{name:9s} c{concurrency:<3d} off {row['off_tok_per_s']:7.1f} tok/s   "
                   f"on {row['on_tok_per_s']:7.1f} tok/s   x{row['ratio'] or 0:.2f} ({spread})   "
@@ -146,7 +148,10 @@ async def compare_arms(url: str, model: str, prompts: list[str], args, concurren
               for arm, runs in arms.items()}
     ratios = [on["output_tok_per_s"] / off["output_tok_per_s"] if off["output_tok_per_s"] else math.nan
               for off, on in zip(arms["off"], arms["on"])]
+    drafted = sum(s["speculation"]["draft_tokens"] for s in arms["on"])
+    accepted = sum(s["speculation"]["accepted_tokens"] for s in arms["on"])
     return {"off": arms["off"], "on": arms["on"], "off_tok_per_s": pooled["off"], "on_tok_per_s": pooled["on"],
+            "acceptance_rate": accepted / drafted if drafted else None,
             "ratio": pooled["on"] / pooled["off"] if pooled["off"] else None, "ratios": ratios,
             "failed": sum(s["failed"] for runs in arms.values() for s in runs)}
 

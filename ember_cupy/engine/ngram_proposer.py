@@ -69,10 +69,6 @@ class NgramProposer:
     def propose_batch(self, seqs, max_tokens: list[int]) -> list[list[int]]:
         return [self._index(seq).propose(seq.token_ids, limit) for seq, limit in zip(seqs, max_tokens)]
 
-    def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
-        """The drafts for a token list seen once (no sequence to keep an index for)."""
-        return NgramIndex(self.min_n, self.max_n).propose(token_ids, max_tokens)
-
     def keep(self, seq, num_drafts: int) -> None:
         """Drafts are never indexed (only the sequence's own tokens): nothing to forget."""
 
