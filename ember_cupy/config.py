@@ -107,6 +107,10 @@ class EngineConfig:
     # (GGUF blocks stay quantized, 16-bit floats 16-bit), none = dequantized to float (the exact
     # reference; on the host 16-bit floats stay 16-bit: exact already), q8_0.
     quantization: str = "auto"
+    # Where the host kernels' packed matrices of a model are kept between loads (ember_cupy/model/
+    # weight_cache.py): auto = $EMBER_WEIGHT_CACHE, else ~/.cache/ember-cupy/packed-weights; off;
+    # or a directory. The first load packs into a file there, later ones map it.
+    weight_cache: str = "auto"
     # Quantized matmuls quantize their input to int8 blocks: 2 passes (the values, then their
     # residual: ~14 bits) or 1 (llama.cpp's scheme: up to 2x faster prefill and batched decode,
     # top-1 agreement down to 89.5% with fp32 on the reference fixtures). The second pass covers
@@ -164,6 +168,8 @@ class EngineConfig:
         require(self.second_pass_threshold >= 0, "EngineConfig.second_pass_threshold must be >= 0")
         require(self.quantization in QUANTIZATIONS,
                 f"EngineConfig.quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        require(isinstance(self.weight_cache, str) and self.weight_cache.strip() != "",
+                f"EngineConfig.weight_cache must be auto, off or a directory, got {self.weight_cache!r}")
         require(self.kv_cache_dtype in KV_CACHE_DTYPES,
                 f"EngineConfig.kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         require(0.0 < self.gpu_memory_utilization <= 1.0,

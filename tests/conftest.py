@@ -1,8 +1,17 @@
 import os
+import shutil
+import tempfile
 
 import pytest
 
 os.environ.setdefault("EMBER_BACKEND", "numpy")
+# packed weights kept for this session only (ember_cupy/model/weight_cache.py), servers spawned included
+_WEIGHT_CACHE = tempfile.mkdtemp(prefix="ember-weight-cache-")
+os.environ.setdefault("EMBER_WEIGHT_CACHE", _WEIGHT_CACHE)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_WEIGHT_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

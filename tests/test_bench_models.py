@@ -192,7 +192,8 @@ def test_matrix_rows_and_the_bandwidth_floor():
     assert rows["c8 output tok/s"]["ratio"] == pytest.approx(0.8)
     assert (rows["peak RSS (MB)"]["ember-cupy"], rows["peak RSS (MB)"]["llama.cpp"]) == (700.0, 500.0)
     assert rows["peak RSS incl. loading, VmHWM (MB)"]["llama.cpp"] == 501.0
-    assert (rows["load (s)"]["ember-cupy"], rows["load (s)"]["llama.cpp"]) == (8.5, 0.5)
+    assert (rows["load (s), first start"]["ember-cupy"], rows["load (s), first start"]["llama.cpp"]) == (8.5, 0.5)
+    assert (rows["load (s), later starts"]["ember-cupy"], rows["load (s), later starts"]["llama.cpp"]) == (9.0, 1.0)
     assert (rows["failed requests"]["ember-cupy"], rows["failed requests"]["llama.cpp"]) == (0, 1)
     assert bm.floor_percent(None, 1.0, 1.0) is None and bm.floor_percent(1, 1.0, None) is None
 

@@ -45,6 +45,11 @@ def engine_flags(parser: argparse.ArgumentParser) -> None:
                   "host kernels; on CuPy Q8_0/Q4_0/Q4_1/Q4_K/Q6_K through CUDA kernels, other GGUF types dequantized), "
                   "none = dequantize to float (the exact reference; 16-bit floats stay 16-bit on the CPU), "
                   "q8_0 = quantize every matrix")
+    add_flag(g, "--weight-cache", default="auto",
+             help="where the CPU kernels' packed weights are kept between loads: auto = $EMBER_WEIGHT_CACHE, else "
+                  "~/.cache/ember-cupy/packed-weights (the first load packs into a file there, later loads map it: "
+                  "no packing, one copy shared by every server of the model; the 4 most recently used models "
+                  "are kept), off, or a directory")
     add_flag(g, "--activation-passes", type=int, choices=(1, 2), default=2,
              help="int8 passes over a quantized matmul's input: 2 = value + residual (~14 bits, faithful), "
                   "1 = llama.cpp's single pass (faster batches, less faithful); CuPy: weight-only, unused")
@@ -127,6 +132,7 @@ def engine_config(args) -> EngineConfig:
                         enable_prefix_caching=args.enable_prefix_caching, policy=args.policy,
                         max_waiting=args.max_waiting, dtype=args.dtype,
                         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+                        weight_cache=args.weight_cache,
                         activation_passes=args.activation_passes, second_pass_threshold=args.second_pass_threshold,
                         gpu_memory_utilization=args.gpu_memory_utilization, deterministic=args.deterministic,
                         speculative_config=args.speculative_config, **_serve_only(args))

@@ -1,6 +1,7 @@
 """Turns a scheduled batch into one forward pass over the paged KV pool."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -12,6 +13,8 @@ from ember_cupy.engine.scheduler import ScheduledBatch
 from ember_cupy.engine.sequence import Sequence
 from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.decoder import BatchMetadata, DecoderModel
+from ember_cupy.model.weight_cache import WeightCache, size_bound
+from ember_cupy.ops import _host
 from ember_cupy.engine.step_buffers import StepBuffers
 from ember_cupy.engine.warmup import warm_up
 from ember_cupy.ops.cache import resolve_kv_cache_dtype
@@ -90,6 +93,15 @@ class PoolShare:
     fixed_bytes: int = 0
 
 
+def _weight_cache(checkpoint: Checkpoint, config: EngineConfig) -> WeightCache | None:
+    """The packed-weights cache entry of a checkpoint the host kernels serve (none for the NumPy
+    twins' formats, or a checkpoint not read from files)."""
+    if _host.active() is None or not checkpoint.source or not os.path.exists(checkpoint.source):
+        return None
+    return WeightCache.open(checkpoint.source, f"quantization={config.quantization}", config.weight_cache,
+                            size_bound(checkpoint.weights))
+
+
 class ModelRunner:
     """The model's weights on the backend and its paged KV pool. With defer_pool the pool waits for
     allocate_pool() (a draft model's weights are resident before the target sizes its pool)."""
@@ -104,11 +116,12 @@ class ModelRunner:
         if xp is not np:
             _configure_cupy()
         self.quantization = config.quantization   # model/weights.py: what each backend serves quantized
+        self.weight_cache = _weight_cache(checkpoint, config) if xp is np else None
         self.model = DecoderModel(checkpoint, xp=xp, dtype=dtype, quantization=self.quantization,
                                 consume=consume_checkpoint,
                                 activations=ActivationQuantization(config.activation_passes,
                                                                    config.second_pass_threshold),
-                                deterministic=config.deterministic)
+                                deterministic=config.deterministic, weight_cache=self.weight_cache)
         self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype, xp, self.quantization)
         self.block_bytes = kv_block_bytes(self.model_config, config.block_size, self.kv_dtype.itemsize)
         self.step_buffers = StepBuffers(xp) if xp is not np else None

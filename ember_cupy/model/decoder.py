@@ -67,11 +67,12 @@ class LayerWeights:
 class DecoderModel:
     def __init__(self, checkpoint: Checkpoint, xp=np, dtype=np.float32, quantization: str = "none",
                  consume: bool = False, activations: ActivationQuantization = ActivationQuantization(passes=2),
-                 deterministic: bool = False):
+                 deterministic: bool = False, weight_cache=None):
         """quantization: serving format of the matrices (ember_cupy/model/weights.py); consume:
         drop each checkpoint tensor once converted, so that the weights are held once;
         activations: how a host-quantized matmul quantizes its input (quant.ActivationQuantization);
-        deterministic: the device kernels' batch-invariant choices (EngineConfig.deterministic)."""
+        deterministic: the device kernels' batch-invariant choices (EngineConfig.deterministic);
+        weight_cache: a WeightCache the host format of the matrices is mapped from or packed into."""
         self.activations = activations
         self.deterministic = deterministic
         self._fused_key, self._fused = None, None     # per-layer host-call arguments, per KV pool
@@ -81,11 +82,14 @@ class DecoderModel:
         cfg = self.config
         put = lambda array: xp.asarray(np.ascontiguousarray(array, dtype=dtype))  # noqa: E731
         take = checkpoint.take if consume else checkpoint.require
-        self.embed = vocab_matrix(take("embed"), quantization, put, xp)
+        self.embed = vocab_matrix(take("embed"), quantization, put, xp, weight_cache)
         self.norm = put(take("norm"))
-        self.lm_head = self.embed if cfg.tie_word_embeddings else vocab_matrix(take("lm_head"), quantization, put, xp)
-        self.layers = [self._layer(take, checkpoint.weights, i, put, quantization, xp)
+        self.lm_head = self.embed if cfg.tie_word_embeddings else vocab_matrix(take("lm_head"), quantization, put, xp,
+                                                                               weight_cache)
+        self.layers = [self._layer(take, checkpoint.weights, i, put, quantization, xp, weight_cache)
                        for i in range(cfg.num_layers)]
+        if weight_cache is not None:
+            weight_cache.finish()
         freq_factors = checkpoint.weights.get("rope_freqs")   # llama.cpp's llama3 RoPE scaling
         self.rope = ops.RopeTable(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                   None if freq_factors is not None else cfg.rope_scaling,
@@ -98,9 +102,9 @@ class DecoderModel:
             host_fallback.report(self.served_weights())
 
     @staticmethod
-    def _layer(take, weights: dict, index: int, put, quantization: str, xp) -> LayerWeights:
+    def _layer(take, weights: dict, index: int, put, quantization: str, xp, weight_cache) -> LayerWeights:
         get = lambda name: take(f"layers.{index}.{name}")  # noqa: E731
-        matrix = lambda name: linear_weight(get(name), quantization, put, xp)  # noqa: E731
+        matrix = lambda name: linear_weight(get(name), quantization, put, xp, weight_cache)  # noqa: E731
         optional = lambda name: put(get(name)) if f"layers.{index}.{name}" in weights else None  # noqa: E731
         return LayerWeights(
             attn_norm=put(get("attn_norm")),

@@ -35,16 +35,32 @@ from ember_cupy.quant import (DEVICE_FORMATS, DeviceQuantizedWeight, DeviceStack
                               concat_rows, quantize_q8_0, to_device_format)
 
 
-def _quantized(tensor: QuantizedTensor | QuantizedStack, quantization: str, xp):
-    if quantization == "q8_0" and (isinstance(tensor, QuantizedStack) or tensor.qtype != "Q8_0"):
-        tensor = quantize_q8_0(tensor.dequantize())
-    runs = tensor.runs() if isinstance(tensor, QuantizedStack) else [[tensor]]
+def _quantized(tensor: QuantizedTensor | QuantizedStack, quantization: str, xp, cache=None):
+    """cache: a WeightCache (ember_cupy/model/weight_cache.py) the host format is packed into or
+    mapped from; None packs into memory."""
+    if xp is np and _host.unavailable() is None:
+        build = lambda alloc: _host_format(tensor, quantization, alloc)  # noqa: E731
+        return build(np.empty) if cache is None else cache.served(_runs(tensor), build)
+    runs = _runs(_serving_format(tensor, quantization))
     if xp is not np:
         matrices = [to_device_format(concat_rows(run) if len(run) > 1 else run[0], xp.asarray) for run in runs]
         return matrices[0] if len(matrices) == 1 else DeviceStack(tuple(matrices))
-    if _host.unavailable() is not None:
-        return DequantizedWeight.of([part for run in runs for part in run])
-    return stack([to_kernel_format(run) for run in runs])
+    return DequantizedWeight.of([part for run in runs for part in run])
+
+
+def _serving_format(tensor, quantization: str):
+    if quantization == "q8_0" and (isinstance(tensor, QuantizedStack) or tensor.qtype != "Q8_0"):
+        return quantize_q8_0(tensor.dequantize())
+    return tensor
+
+
+def _runs(tensor) -> list[list[QuantizedTensor]]:
+    return tensor.runs() if isinstance(tensor, QuantizedStack) else [[tensor]]
+
+
+def _host_format(tensor, quantization: str, alloc):
+    """The host kernels' format of the matrix, its arrays from alloc(shape, dtype)."""
+    return stack([to_kernel_format(run, alloc=alloc) for run in _runs(_serving_format(tensor, quantization))])
 
 
 def _served_as_float(tensor: QuantizedTensor | QuantizedStack, quantization: str, xp) -> bool:
@@ -57,26 +73,26 @@ def _served_as_float(tensor: QuantizedTensor | QuantizedStack, quantization: str
     return xp is not np and quantization == "auto" and on_device_as_float
 
 
-def linear_weight(weight, quantization: str, put, xp=np):
+def linear_weight(weight, quantization: str, put, xp=np, cache=None):
     """A linear layer's weight (float [in, out], or QuantizedTensor / QuantizedStack [out, in]) in
     serving format; `put` moves a float array to the backend in its dtype, `xp` is the backend."""
     if isinstance(weight, (QuantizedTensor, QuantizedStack)):
         if _served_as_float(weight, quantization, xp):
             return put(weight.dequantize().T)
-        return _quantized(weight, quantization, xp)
+        return _quantized(weight, quantization, xp, cache)
     if quantization == "q8_0":
-        return _quantized(quantize_q8_0(np.asarray(weight).T), quantization, xp)
+        return _quantized(quantize_q8_0(np.asarray(weight).T), quantization, xp, cache)
     return put(weight)
 
 
-def vocab_matrix(weight, quantization: str, put, xp=np):
+def vocab_matrix(weight, quantization: str, put, xp=np, cache=None):
     """The embedding table or the LM head, [vocab, hidden], in serving format."""
     if isinstance(weight, QuantizedTensor):
         if _served_as_float(weight, quantization, xp):
             return put(weight.dequantize())
-        return _quantized(weight, quantization, xp)
+        return _quantized(weight, quantization, xp, cache)
     if quantization == "q8_0":
-        return _quantized(quantize_q8_0(weight), quantization, xp)
+        return _quantized(quantize_q8_0(weight), quantization, xp, cache)
     return put(weight)
 
 
