@@ -129,3 +129,13 @@ def test_weight_cache_setting_is_checked():
         EngineConfig(weight_cache="")
     assert weight_cache.cache_dir("off") is None
     assert weight_cache.cache_dir("~/x") == weight_cache.Path(os.path.expanduser("~/x"))
+
+
+def test_a_process_that_exits_right_after_loading_leaves_its_entry(tmp_path):
+    import subprocess
+    import sys
+    code = "from ember_cupy import LLM; LLM(None)"
+    env = dict(os.environ, EMBER_WEIGHT_CACHE=str(tmp_path))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
+    names = _entries(tmp_path)
+    assert len(names) == 2 and names[0].endswith(".bin") and names[1].endswith(".json")
