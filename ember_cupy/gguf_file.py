@@ -4,6 +4,7 @@ per 100k vocabulary strings; this reads the same values with struct and hands ou
 bytes as a view of one read-only memmap."""
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 
@@ -105,3 +106,20 @@ class GGUFFile:
             if start + offset + nbytes > len(plain):
                 raise ValueError(f"{path}: tensor {name} lies beyond the end of the file")
             self.tensors.append(TensorInfo(name, dims, kind, plain[start + offset:start + offset + nbytes]))
+
+
+def release_pages(array: np.ndarray) -> None:
+    """Drop the pages of `array`, when it is a view of a read-only file map (a GGUF tensor), from
+    this process's resident set: the page cache keeps them and a later read maps them again, so
+    a matrix once packed does not stay resident beside its packed copy while the rest load. Any
+    other array (a copy in anonymous memory, whose pages this would zero) is left alone."""
+    base = array
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    if not isinstance(base, mmap.mmap) or array.size == 0 or not array.flags.c_contiguous:
+        return
+    map_start = np.frombuffer(base, np.uint8, 1).ctypes.data
+    start = array.ctypes.data - map_start
+    end = start + array.nbytes
+    start -= start % mmap.PAGESIZE
+    base.madvise(mmap.MADV_DONTNEED, start, end - start)

@@ -11,7 +11,7 @@ import re
 import numpy as np
 
 from ember_cupy.config import ModelConfig
-from ember_cupy.gguf_file import GGUFFile
+from ember_cupy.gguf_file import GGUFFile, release_pages
 from ember_cupy.gguf_metadata import field_value
 from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, prepare_linear_weights
 from ember_cupy.quant import QuantizedTensor, half_tensor
@@ -178,7 +178,9 @@ def _unpermute_qk(name: str, weight, config: ModelConfig):
     heads = config.num_heads if kind.startswith("q") else config.num_kv_heads
     if isinstance(weight, QuantizedTensor):   # rows are whole blocks: permute them as rows
         order = _unpermute_qk(name, np.arange(weight.shape[0]), config)
-        return weight.take_rows(order)
+        permuted = weight.take_rows(order)
+        release_pages(weight.data)
+        return permuted
     rows = weight.shape[0]
     per_head = rows // heads
     restored = weight.reshape(heads, per_head // 2, 2, *weight.shape[1:]).swapaxes(1, 2)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ember_cupy.gguf_file import release_pages
 from ember_cupy.half_weight import HalfWeight, is_half
 from ember_cupy.ops import _host
 from ember_cupy.ops.pack import to_kernel_format
@@ -40,7 +41,11 @@ def _quantized(tensor: QuantizedTensor | QuantizedStack, quantization: str, xp, 
     mapped from; None packs into memory."""
     if xp is np and _host.unavailable() is None:
         build = lambda alloc: _host_format(tensor, quantization, alloc)  # noqa: E731
-        return build(np.empty) if cache is None else cache.served(_runs(tensor), build)
+        served = build(np.empty) if cache is None else cache.served(_runs(tensor), build)
+        for run in _runs(tensor):
+            for part in run:
+                release_pages(part.data)
+        return served
     runs = _runs(_serving_format(tensor, quantization))
     if xp is not np:
         matrices = [to_device_format(concat_rows(run) if len(run) > 1 else run[0], xp.asarray) for run in runs]
