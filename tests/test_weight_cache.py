@@ -95,6 +95,19 @@ def test_an_entry_that_does_not_match_the_model_stops_being_read(tmp_path, refer
     assert _answer(llm) == reference
 
 
+@pytest.mark.parametrize("damage", [{"offset": 1 << 40}, {"offset": -4096}, {"array": "x"}, {"kind": "Other"}])
+def test_a_damaged_record_stops_being_read(tmp_path, reference, damage, caplog):
+    key = _load(default_model_path(), tmp_path).engine.runner.weight_cache.key
+    index_path = tmp_path / f"{key}.json"
+    index = json.loads(index_path.read_text())
+    index["matrices"][2]["parts"][0].update(damage)
+    index_path.write_text(json.dumps(index))
+    with caplog.at_level(logging.WARNING, logger="ember_cupy.weights"):
+        llm = _load(default_model_path(), tmp_path)
+    assert "damaged" in caplog.text
+    assert _answer(llm) == reference
+
+
 def test_an_unusable_directory_packs_in_memory(tmp_path, reference, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")

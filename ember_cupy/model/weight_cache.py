@@ -159,14 +159,14 @@ class WeightCache:
             weight = self._read_next(_signature(runs))
             if weight is not None:
                 return weight
-            self._stop("the model asked for a matrix the entry does not hold next")
+            self._stop("the model asked for a matrix the entry does not hold next, or its record is damaged")
         if self._file is None:
             return build(np.empty)
         try:
             weight = build(self._alloc)
             self._entries.append({"runs": _signature(runs), "parts": [self._record(part) for part in _parts(weight)]})
         except _EntryFull:
-            self._stop("the entry's size bound was reached")
+            self._stop("a matrix did not fit the entry's size bound")
             return build(np.empty)
         return weight
 
@@ -186,15 +186,22 @@ class WeightCache:
                 "dtype": part.data.dtype.str, "array": list(part.data.shape)}
 
     def _read_next(self, signature: list):
-        if self._position >= len(self._entries) or self._entries[self._position]["runs"] != signature:
+        """The next recorded matrix if it was built from `signature`; None when it was not, or its
+        record does not describe arrays inside the file (an index edited or damaged)."""
+        try:
+            entry = self._entries[self._position]
+            if entry["runs"] != signature:
+                return None
+            parts = [_KINDS[p["kind"]](p["qtype"], self._view(p), tuple(p["shape"])) for p in entry["parts"]]
+        except (IndexError, KeyError, TypeError, ValueError):
             return None
-        entry = self._entries[self._position]
         self._position += 1
-        parts = [_KINDS[p["kind"]](p["qtype"], self._view(p), tuple(p["shape"])) for p in entry["parts"]]
         return parts[0] if len(parts) == 1 else stack(parts)
 
     def _view(self, part: dict) -> np.ndarray:
         count = int(np.prod(part["array"]))
+        if part["offset"] < 0 or count <= 0:
+            raise ValueError("not an array of the file")
         return np.frombuffer(self._map, np.dtype(part["dtype"]), count, part["offset"]).reshape(part["array"])
 
     def _stop(self, why: str) -> None:
