@@ -96,7 +96,7 @@ class PoolShare:
 def _weight_cache(checkpoint: Checkpoint, config: EngineConfig) -> WeightCache | None:
     """The packed-weights cache entry of a checkpoint the host kernels serve (none for the NumPy
     twins' formats, or a checkpoint not read from files)."""
-    if _host.active() is None or not checkpoint.source or not os.path.exists(checkpoint.source):
+    if _host.active() is None or not os.path.exists(checkpoint.source or ""):
         return None
     return WeightCache.open(checkpoint.source, f"quantization={config.quantization}", config.weight_cache,
                             size_bound(checkpoint.weights))

@@ -11,10 +11,12 @@ into memory costs.
 
 An entry is `<key>.bin`, the arrays 4 KiB aligned, and `<key>.json`, what each served matrix is,
 written last: after the data reached the disk (in a background thread, which a process exiting
-first waits for: 0.3 s for the 1B Q6_K shape's 880 MB here), so an entry with an index is whole. The key hashes the model's files (path, size, mtime, inode), the serving format,
-and the source of the code that decides the layout, so changing any of them misses. Matrices are
-recorded in the order the model asks for them with the formats and shapes they were built from;
-a load that asks for something else stops using the entry (and packs the rest in memory).
+first waits for: 0.3 s for the 1B Q6_K shape's 880 MB here), so an entry with an index is whole.
+The key (the entry's file name) hashes the model's files (path, size, mtime, inode), the serving
+format, and the source of the code that decides the layout, so changing any of them misses.
+Matrices are recorded in the order the model asks for them with the formats and shapes they were
+built from; a load that asks for something else stops using the entry (and packs the rest in
+memory).
 """
 from __future__ import annotations
 
@@ -117,7 +119,7 @@ class WeightCache:
         """The entry for `source` served as `serving`: mapped when whole, else a new one of at most
         size_bound bytes being written; None when the cache is off or its directory unusable."""
         directory = cache_dir(setting)
-        if directory is None or not source:
+        if directory is None:
             return None
         try:
             cache = cls(directory, entry_key(source, serving))
@@ -137,7 +139,7 @@ class WeightCache:
         try:
             index = json.loads(self.index_path.read_text())
             with open(self.data_path, "rb") as file:
-                if os.fstat(file.fileno()).st_size != index["bytes"] or index["key"] != self.key:
+                if os.fstat(file.fileno()).st_size != index["bytes"]:
                     return False
                 self._map = mmap.mmap(file.fileno(), 0, prot=mmap.PROT_READ) if index["bytes"] else None
         except (OSError, ValueError, KeyError, TypeError):
@@ -219,7 +221,7 @@ class WeightCache:
             return
         file, self._file = self._file, None
         os.ftruncate(file.fileno(), self._used)   # the mapping's tail past this is never touched
-        index = {"key": self.key, "bytes": self._used, "matrices": self._entries}
+        index = {"bytes": self._used, "matrices": self._entries}
         self._publisher = threading.Thread(target=self._publish, args=(file, index), name="weight-cache",
                                            daemon=True)
         self._publisher.start()
