@@ -184,6 +184,14 @@ static int sandwich_layer(const LayerWeights *w, const StepArgs *s, float *hidde
     return status ? status : sandwiched(mlp_block, w->ffn_norm, w->post_ffn_norm, w, s, hidden, b);
 }
 
+static int one_layer(const LayerWeights *w, const StepArgs *s, float *hidden, float *residual, int32_t first,
+                     Scratch *b) {
+    const int status = check_args(w, s);
+    if (status) return status;
+    if (!w->post_attn_norm && !residual) return LAYER_NO_RESIDUAL;
+    return w->post_attn_norm ? sandwich_layer(w, s, hidden, b) : residual_stream_layer(w, s, hidden, residual, first, b);
+}
+
 /* hidden [T, H] in/out. Llama layout: residual [T, H] in/out (written from hidden when first != 0).
  * Sandwich layout (post norms given): residual and first unused (residual may be NULL).
  * Returns 0, or 2 out of memory, 10 + a matmul's status, 20 + the attention's, 30 a slot outside
@@ -192,13 +200,25 @@ static int sandwich_layer(const LayerWeights *w, const StepArgs *s, float *hidde
 EMBER_EXPORT int ember_llama_layer(const LayerWeights *w, const StepArgs *s, float *hidden, float *residual,
                                    int32_t first) {
     if (s->tokens == 0) return LAYER_OK;
-    int status = check_args(w, s);
-    if (status) return status;
-    if (!w->post_attn_norm && !residual) return LAYER_NO_RESIDUAL;
     Scratch b;
-    if ((status = scratch_alloc(&b, s))) return status;
-    status = w->post_attn_norm ? sandwich_layer(w, s, hidden, &b)
-                               : residual_stream_layer(w, s, hidden, residual, first, &b);
+    int status = scratch_alloc(&b, s);
+    if (status) return status;
+    status = one_layer(w, s, hidden, residual, first, &b);
+    scratch_free(&b);
+    return status;
+}
+
+/* The model's layers 0..num_layers-1 one after the other, as ember_llama_layer on each (first for
+ * layer 0): one call a step, so a caller that releases Python's GIL around it waits for the GIL
+ * once a forward, not once a layer (a thread holding the GIL meanwhile makes each wait up to a
+ * switch interval and its C call's remainder long). The status of the first layer that fails. */
+EMBER_EXPORT int ember_decoder_layers(const LayerWeights *layers, int32_t num_layers, const StepArgs *s, float *hidden,
+                                      float *residual) {
+    if (s->tokens == 0) return LAYER_OK;
+    Scratch b;
+    int status = scratch_alloc(&b, s);
+    if (status) return status;
+    for (int32_t i = 0; i < num_layers && !status; i++) status = one_layer(&layers[i], s, hidden, residual, i == 0, &b);
     scratch_free(&b);
     return status;
 }

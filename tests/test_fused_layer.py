@@ -1,5 +1,5 @@
-"""The fused decoder layer (cpu/layer.c, one host-kernel call per layer) equals its twin, the
-model's op-by-op forward: prefill chunks, decodes and mixed batches, both KV cache dtypes, on the
+"""The fused decoder layers (cpu/layer.c: one host-kernel call for every layer of a forward) equal
+their twin, the model's op-by-op forward, and the layer-by-layer calls bit for bit: prefill chunks, decodes and mixed batches, both KV cache dtypes, on the
 default model (Llama), on Gemma 3 270M (sandwich norms, qk_norm, GELU-tanh, 512-key windows with
 their own RoPE base, a prompt past the window) and on tiny models of every family; bad arguments
 get a status, not a crash."""
@@ -13,7 +13,8 @@ import pytest
 from ember_cupy import LLM, SamplingParams
 from ember_cupy.model.loader import load_checkpoint
 from ember_cupy.ops import _host
-from ember_cupy.ops.layer import LayerWeightsArgs, StepArgs, decoder_layer
+from ember_cupy.model import decoder as decoder_module
+from ember_cupy.ops.layer import LayerStack, LayerWeightsArgs, StepArgs, decoder_layer, decoder_layers
 from gemma3_model import gemma3_gguf_path
 from tiny_gguf import write_tiny_gguf
 from tiny_model import GEMMA3, assert_greedy_matches_reference, write_tiny_checkpoint
@@ -139,6 +140,43 @@ def _q8_0_rounded(weights: dict) -> dict:
             for name, w in weights.items()}
 
 
+def test_one_call_for_the_stack_gives_the_bits_of_a_call_per_layer(tmp_path, monkeypatch):
+    checkpoint, quantization, _, _ = _tiny(tmp_path, sorted(TINY_GGUF)[0])
+    make = lambda: LLM(checkpoint, quantization=quantization, block_size=4, max_num_batched_tokens=7,  # noqa: E731
+                       enable_prefix_caching=False)
+    stacked = _generate(make(), TINY_PROMPTS, True)
+    layers_called = []
+
+    def layer_by_layer(library, stack, step, hidden, residual):
+        for index, weights in enumerate(stack.layers):
+            layers_called.append(index)
+            decoder_layer(library, weights, step, hidden, residual, index == 0)
+
+    monkeypatch.setattr(decoder_module, "decoder_layers", layer_by_layer)
+    _assert_same_tokens_and_logprobs(stacked, _generate(make(), TINY_PROMPTS, True), atol=0)
+    assert layers_called
+
+
+def test_a_forward_makes_one_host_kernel_call_for_its_layers(make_llm, monkeypatch):
+    """A step releases Python's GIL around each host-kernel call and waits for it after: with
+    another thread holding it (a 4 MB text's ids, a large JSON answer) each wait lasts up to a switch
+    interval plus that thread's C call. So the layers of a forward are one call, not one each."""
+    llm = make_llm()
+    library = _host.active()
+    calls = []
+    real_lib = library.lib
+
+    class CountingLibrary:
+        def __getattr__(self, name):
+            function = getattr(real_lib, name)
+            return (lambda *args: calls.append(name) or function(*args)) if name.startswith("ember_") else function
+
+    monkeypatch.setattr(library, "lib", CountingLibrary())
+    llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert calls.count("ember_decoder_layers") == 3 and "ember_llama_layer" not in calls, calls
+    assert len(calls) <= 3 * 4, calls      # and a few more per step: the final norm, the LM head
+
+
 # ---- bad arguments ----------------------------------------------------------------------------
 def test_bad_layer_arguments_return_a_status():
     """Checked before any array is touched: a norm without its pair (31), an unknown activation
@@ -157,3 +195,7 @@ def test_bad_layer_arguments_return_a_status():
     slots[0] = 1
     with pytest.raises(RuntimeError, match="status 30$"):
         decoder_layer(library, LayerWeightsArgs(), step(), floats, floats, True)
+    slots[0] = 0
+    bad_stack = LayerStack([LayerWeightsArgs(q_norm=floats.ctypes.data), LayerWeightsArgs()])
+    with pytest.raises(RuntimeError, match="status 31$"):     # the first layer's, the second not run
+        decoder_layers(library, bad_stack, step(), floats, floats)

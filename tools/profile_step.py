@@ -75,7 +75,7 @@ def profiling(llm, clock: OpClock, op_by_op: bool = True):
         "ops": types.SimpleNamespace(**{n: clock.timed(n, getattr(ops, n)) for n in ops.__all__}),
         "linear": clock.timed(lambda x, w, *rest: names.get(id(w), "gemm"), decoder_module.linear),
         "embedding": clock.timed("embedding", decoder_module.embedding),
-        "decoder_layer": clock.timed("decoder layers (one call each)", decoder_module.decoder_layer),
+        "decoder_layers": clock.timed("decoder layers (one call)", decoder_module.decoder_layers),
     }
     saved = {name: getattr(decoder_module, name) for name in patched}
     hidden_states, logits = model.hidden_states, clock.timed("lm_head", model.logits)

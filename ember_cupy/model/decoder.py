@@ -26,7 +26,7 @@ from ember_cupy.model import host_fallback
 from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.weights import is_quantized, linear_weight, vocab_matrix
 from ember_cupy.ops import _cuda, _host
-from ember_cupy.ops.layer import fused_layer_computes, layer_args, decoder_layer, step_args
+from ember_cupy.ops.layer import LayerStack, decoder_layers, fused_layer_computes, layer_args, step_args
 from ember_cupy.ops.linear import embedding, linear, matmul_q
 from ember_cupy.half_weight import HalfWeight
 from ember_cupy.packed_weight import PackedWeight, StackedWeight
@@ -199,7 +199,7 @@ class DecoderModel:
         activated = ops.silu_and_mul(gate_up) if self.config.hidden_act == "silu" else ops.gelu_tanh_and_mul(gate_up)
         return linear(activated, layer.down, self.activations, self.deterministic)
 
-    # --- one host-kernel call per layer (ops/layer.py); the loop above is its twin ---------
+    # --- one host-kernel call for all layers (ops/layer.py); the loop above is its twin ------
     fuse_layers = True      # tools/profile_step.py turns it off to time the ops one by one
 
     def _fused_layers(self, kv_caches):
@@ -213,19 +213,18 @@ class DecoderModel:
             cfg = self.config
             args = [layer_args(layer, k, v, cfg.layer_window(i), cfg.sandwich_norms)
                     for i, (layer, (k, v)) in enumerate(zip(self.layers, kv_caches))]
-            self._fused = None if any(a is None for a in args) else (library, args, kv_caches)
+            self._fused = None if any(a is None for a in args) else (library, LayerStack(args), kv_caches)
             self._fused_key = key
         return self._fused
 
     def _forward_fused(self, hidden, batch: BatchMetadata, fused):
-        library, args, kv_caches = fused
+        library, stack, kv_caches = fused
         cfg = self.config
         hidden = np.ascontiguousarray(hidden, dtype=np.float32)
         residual = None if cfg.sandwich_norms else np.empty_like(hidden)
         step, keep = step_args(cfg, batch, hidden.shape[0], kv_caches[0][0], self.rope.table,
                                self.local_rope.table, self.scale, self.activations)
-        for index, layer_weights in enumerate(args):
-            decoder_layer(library, layer_weights, step, hidden, residual, index == 0)
+        decoder_layers(library, stack, step, hidden, residual)
         del keep
         return self._final_norm(hidden, residual, batch)
 

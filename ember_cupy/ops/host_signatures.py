@@ -28,6 +28,7 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "ember_gelu_tanh_and_mul": (_ROWS, None),
     "ember_rope": ([_P, _I64, _I64, _I32, _P, _I64, _I64, _I32, _I32, _P, _P, _I32, _I64], None),
     "ember_llama_layer": ([_P, _P, _P, _P, _I32], c_int),
+    "ember_decoder_layers": ([_P, _I32, _P, _P, _P], c_int),
     # paged attention (cpu/attention.c)
     "ember_paged_attention_window": ([_P, _P, _I64, _I64,      # out, q, strides
                                       _P, _P, _I32, _I64,      # caches, f16, blocks

@@ -1,4 +1,5 @@
-"""A whole Llama-family decoder layer in one host-kernel call (cpu/layer.c), for steps whose weights
+"""A whole Llama-family decoder layer in one host-kernel call (cpu/layer.c), or every layer of a
+forward in one (decoder_layers: what the model calls), for steps whose weights
 are all packed (quantized, or 16-bit floats) and whose arrays suit the host kernels: Llama's layer and the other families'
 features (qkv bias, qk_norm, sandwich norms, GELU-tanh MLP, per-layer sliding window and RoPE
 table, attention scale). Its twin is DecoderModel's op-by-op forward: the same kernels called one
@@ -101,6 +102,27 @@ def step_args(config, batch, num_tokens: int, k_cache: np.ndarray, cos_sin: np.n
         positions.ctypes.data, slots.ctypes.data, tables.ctypes.data, lens.ctypes.data,
         starts.ctypes.data, cos_sin.ctypes.data, local_cos_sin.ctypes.data, ACTIVATIONS[config.hidden_act])
     return args, keep
+
+
+class LayerStack:
+    """Every layer's fixed arguments in one C array, for decoder_layers (one call a forward)."""
+
+    def __init__(self, layers: list[LayerWeightsArgs]):
+        self.array = (LayerWeightsArgs * len(layers))(*layers)
+        self.layers = layers      # their part arrays, which the copies in self.array point into
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+
+def decoder_layers(library, stack: LayerStack, step: StepArgs, hidden: np.ndarray, residual: np.ndarray | None) -> None:
+    """In place, every layer of the stack in turn as decoder_layer does (the first with first=True),
+    in one host-kernel call: a step waits for Python's GIL once, not once a layer, when another
+    thread holds it (a large text's ids, a long JSON answer)."""
+    status = library.lib.ember_decoder_layers(stack.array, len(stack), ctypes.byref(step), hidden.ctypes.data,
+                                              _address(residual))
+    if status:
+        raise RuntimeError(f"ember_decoder_layers failed with status {status}")
 
 
 def decoder_layer(library, weights: LayerWeightsArgs, step: StepArgs, hidden: np.ndarray,
