@@ -3,8 +3,16 @@
  * Callers: one job at a time. A second thread that calls in (two LLM objects in one process, a
  * user thread beside a running engine) waits on job_lock until the job in flight is done. Not
  * one pool per caller: the pool already has a thread per CPU, so concurrent jobs could only
- * share the same cores (at twice the threads spinning), and each job keeps its split.
+ * share the same cores (at twice the threads spinning).
  * A range function that calls back in (or a worker) runs the inner job itself, in one range.
+ *
+ * Chunks, claimed: a job is cut into up to CHUNKS_PER_THREAD chunks per thread (the cut depends
+ * only on n and the thread count) and every thread, the caller included, claims the next chunk
+ * until none is left. A thread the OS deschedules mid-job (another process, the server's niced
+ * tokenizing threads, a noisy neighbour) then delays the job by one chunk, where a fixed range
+ * per thread made the whole job wait out its time slice while the others spun: with 4 MB texts
+ * tokenized beside it, a 15-token step took 0.1-0.2 s instead of 15 ms. Which thread runs a chunk
+ * changes from call to call; what a chunk computes does not, so the bits stay the same.
  *
  * Waiting (a worker for its next job, the caller for the workers): pure spinning for spin_ns,
  * then sleeping on a condition variable. Never sched_yield(): on a machine whose cores are busy
@@ -26,6 +34,13 @@
 #include <time.h>
 
 #define MAX_THREADS 256
+#define CHUNKS_PER_THREAD 4
+
+/* The claim word of the job in flight: its generation's low 32 bits, its chunk count, the next
+ * chunk to hand out. One compare-and-swap claims a chunk of exactly the job it names. */
+#define CLAIM(generation, chunks, next) (((uint64_t)(uint32_t)(generation) << 32) | ((uint64_t)(chunks) << 16) | (next))
+#define CLAIM_CHUNKS(word) ((int64_t)(((word) >> 16) & 0xffff))
+#define CLAIM_NEXT(word) ((int64_t)((word) & 0xffff))
 
 static struct {
     pthread_mutex_t lock;
@@ -34,15 +49,15 @@ static struct {
     int requested, started;            /* threads wanted, workers running (excluding the caller) */
     long long spin_ns;
     atomic_uint_fast64_t generation;   /* bumped for every job */
-    atomic_int pending;                /* workers still running the current job */
+    atomic_uint_fast64_t claim;        /* CLAIM(generation, chunks, next) of the job in flight */
+    atomic_int_fast64_t chunks_done;   /* chunks of the job in flight finished */
     atomic_int sleepers;
     atomic_int caller_asleep;
     ember_range_fn fn;
     void *ctx;
     int64_t n;
-    int threads;                       /* threads taking part in the current job */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, 1, 0, 200000,
-          0, 0, 0, 0, 0, 0, 0, 1};
+          0, 0, 0, 0, 0, 0, 0, 0};
 
 static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;   /* held by the caller of the job in flight */
@@ -61,9 +76,24 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-static void run_range(int index, int threads) {
-    int64_t begin = pool.n * index / threads, end = pool.n * (index + 1) / threads;
-    if (begin < end) pool.fn(pool.ctx, begin, end);
+/* Claim and run chunks of the job in flight until none is left. A claim names its job, so a
+ * thread that arrives late claims nothing of a job already handed out, nor of the next one by
+ * mistake; the job cannot finish (nor fn, ctx, n change) while a claimed chunk still runs. */
+static void run_chunks(void) {
+    uint64_t word = atomic_load(&pool.claim);
+    for (;;) {
+        const int64_t chunks = CLAIM_CHUNKS(word), next = CLAIM_NEXT(word);
+        if (next >= chunks) return;
+        if (!atomic_compare_exchange_weak(&pool.claim, &word, word + 1)) continue;
+        const int64_t begin = pool.n * next / chunks, end = pool.n * (next + 1) / chunks;
+        if (begin < end) pool.fn(pool.ctx, begin, end);
+        if (atomic_fetch_add(&pool.chunks_done, 1) == chunks - 1 && atomic_load(&pool.caller_asleep)) {
+            pthread_mutex_lock(&pool.lock);
+            pthread_cond_signal(&pool.done);
+            pthread_mutex_unlock(&pool.lock);
+        }
+        word = atomic_load(&pool.claim);
+    }
 }
 
 /* Spin, then sleep until the generation moves past `seen`. */
@@ -90,12 +120,7 @@ static void *worker(void *arg) {
     inside_job = 1;
     for (;;) {
         seen = wait_for_job(seen);
-        if (index < pool.threads) run_range(index, pool.threads);
-        if (atomic_fetch_sub(&pool.pending, 1) == 1 && atomic_load(&pool.caller_asleep)) {
-            pthread_mutex_lock(&pool.lock);
-            pthread_cond_signal(&pool.done);
-            pthread_mutex_unlock(&pool.lock);
-        }
+        run_chunks();
     }
     return NULL;
 }
@@ -122,16 +147,16 @@ EMBER_EXPORT void ember_set_num_threads(int n) {
 
 EMBER_EXPORT int ember_max_threads(void) { return pool.requested; }
 
-/* Spin, then sleep until no worker is still running the job. (The caller announces its sleep
- * before it looks at `pending`, the last worker looks at the announcement after it counts down:
- * one of the two sees the other, so the caller never sleeps through the last worker's signal.) */
-static void wait_for_workers(void) {
+/* Spin, then sleep until every chunk is done. (The caller announces its sleep before it looks at
+ * `chunks_done`, the thread finishing the last chunk looks at the announcement after it counts:
+ * one of the two sees the other, so the caller never sleeps through the last chunk's signal.) */
+static void wait_for_chunks(int64_t chunks) {
     long long start = now_ns();
-    for (unsigned spins = 0; atomic_load(&pool.pending) > 0; spins++) {
+    for (unsigned spins = 0; atomic_load(&pool.chunks_done) < chunks; spins++) {
         if ((spins & 63) == 0 && now_ns() - start > pool.spin_ns) {
             pthread_mutex_lock(&pool.lock);
             atomic_store(&pool.caller_asleep, 1);
-            while (atomic_load(&pool.pending) > 0) pthread_cond_wait(&pool.done, &pool.lock);
+            while (atomic_load(&pool.chunks_done) < chunks) pthread_cond_wait(&pool.done, &pool.lock);
             atomic_store(&pool.caller_asleep, 0);
             pthread_mutex_unlock(&pool.lock);
             return;
@@ -140,7 +165,8 @@ static void wait_for_workers(void) {
     }
 }
 
-/* The calling thread holds job_lock: publish the job, run range 0, wait for the workers. */
+/* The calling thread holds job_lock: publish the job, claim chunks beside the workers, wait for
+ * the chunks the workers still run. */
 static void run_job(int64_t n, ember_range_fn fn, void *ctx) {
     if (pool.started + 1 < pool.requested) start_workers();
     const int threads = pool.started + 1 < pool.requested ? pool.started + 1 : pool.requested;
@@ -148,22 +174,24 @@ static void run_job(int64_t n, ember_range_fn fn, void *ctx) {
         if (n > 0) fn(ctx, 0, n);
         return;
     }
+    const int64_t chunks = n < (int64_t)threads * CHUNKS_PER_THREAD ? n : (int64_t)threads * CHUNKS_PER_THREAD;
     pool.fn = fn;
     pool.ctx = ctx;
     pool.n = n;
-    pool.threads = threads;
-    atomic_store(&pool.pending, pool.started);
-    atomic_fetch_add(&pool.generation, 1);
+    atomic_store(&pool.chunks_done, 0);
+    const uint64_t generation = atomic_load(&pool.generation) + 1;
+    atomic_store(&pool.claim, CLAIM(generation, chunks, 0));
+    atomic_store(&pool.generation, generation);
     if (atomic_load(&pool.sleepers) > 0) {
         pthread_mutex_lock(&pool.lock);
         pthread_cond_broadcast(&pool.wake);
         pthread_mutex_unlock(&pool.lock);
     }
-    run_range(0, threads);
-    wait_for_workers();
+    run_chunks();
+    wait_for_chunks(chunks);
 }
 
-void ember_parallel_for(int64_t n, ember_range_fn fn, void *ctx) {
+EMBER_EXPORT void ember_parallel_for(int64_t n, ember_range_fn fn, void *ctx) {
     if (inside_job) {   /* called from a range: the pool is busy with the outer job */
         if (n > 0) fn(ctx, 0, n);
         return;
@@ -192,7 +220,6 @@ static void after_fork_in_parent(void) {
  * variable: the old one may count the parent's sleepers as waiters). */
 static void after_fork_in_child(void) {
     pool.started = 0;
-    atomic_store(&pool.pending, 0);
     atomic_store(&pool.sleepers, 0);
     atomic_store(&pool.caller_asleep, 0);
     pool.wake = (pthread_cond_t)PTHREAD_COND_INITIALIZER;

@@ -2,6 +2,7 @@
 two Python threads calling kernels at once (two LLM objects in one process, or a user thread
 beside a running engine) each get their own right answer; a forked child's first parallel kernel
 returns (gunicorn --preload, multiprocessing's fork start method)."""
+import ctypes
 import os
 import signal
 import subprocess
@@ -145,3 +146,30 @@ def test_a_caller_and_workers_that_sleep_at_every_wait_lose_no_wakeup(library):
     env = {**os.environ, "EMBER_SPIN_US": "0", "PYTHONPATH": repo}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+RANGE_FUNCTION = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+
+
+def test_a_stalled_worker_delays_a_job_by_one_chunk_not_by_its_share(library):
+    """A worker the OS deschedules mid-job (here: it sleeps in its first chunk) holds up only the
+    chunk it claimed; the caller runs the rest. With a fixed range per thread the caller ran its
+    half and waited for the other half."""
+    library.lib.ember_set_num_threads(2)
+    caller, ranges, stalled = threading.get_ident(), [], threading.Event()
+
+    def run_range(_ctx, begin, end):
+        if threading.get_ident() != caller and not stalled.is_set():
+            stalled.set()
+            time.sleep(0.3)
+        ranges.append((threading.get_ident() == caller, begin, end))
+
+    function = RANGE_FUNCTION(run_range)
+    try:
+        library.lib.ember_parallel_for(64, function, None)
+    finally:
+        library.lib.ember_set_num_threads(4 if library.threads < 2 else library.threads)   # as the fixture left it
+    covered = sorted((begin, end) for _, begin, end in ranges)
+    assert [begin for begin, _ in covered] == [0] + [end for _, end in covered[:-1]] and covered[-1][1] == 64
+    by_caller = sum(end - begin for on_caller, begin, end in ranges if on_caller)
+    assert by_caller > 32, f"the caller ran {by_caller} of 64 (a fixed half per thread: 32)"
