@@ -9,9 +9,9 @@
 
 typedef void (*ember_range_fn)(void *ctx, int64_t begin, int64_t end);
 
-/* fn(ctx, begin, end) over [0, n) split into contiguous chunks (at most 4 per thread), each run
- * once, by whichever thread of the pool claims it first; returns when all chunks are done. The
- * split depends only on n and the thread count; a chunk may run on any thread. */
+/* fn(ctx, begin, end) over [0, n) split into one contiguous range per thread, each run once, by
+ * whichever thread of the pool claims it first (a late worker's range goes to a thread that is
+ * free); returns when all ranges are done. The split depends only on n and the thread count. */
 void ember_parallel_for(int64_t n, ember_range_fn fn, void *ctx);
 
 /* Threads of the pool, the caller included. */

@@ -2,7 +2,6 @@
 two Python threads calling kernels at once (two LLM objects in one process, or a user thread
 beside a running engine) each get their own right answer; a forked child's first parallel kernel
 returns (gunicorn --preload, multiprocessing's fork start method)."""
-import ctypes
 import os
 import signal
 import subprocess
@@ -148,28 +147,34 @@ def test_a_caller_and_workers_that_sleep_at_every_wait_lose_no_wakeup(library):
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
-RANGE_FUNCTION = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+_LATE_WORKER = """
+import ctypes, threading
+from ember_cupy.ops import _host
+library = _host.load_library({isa!r})
+library.lib.ember_set_num_threads(2)
+caller = threading.get_ident()
+jobs = []
+run_range = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(
+    lambda _ctx, begin, end: jobs[-1].append((threading.get_ident() == caller, begin, end)))
+for _ in range(50):
+    jobs.append([])
+    library.lib.ember_parallel_for(64, run_range, None)
+print(repr(jobs))
+"""
 
 
-def test_a_stalled_worker_delays_a_job_by_one_chunk_not_by_its_share(library):
-    """A worker the OS deschedules mid-job (here: it sleeps in its first chunk) holds up only the
-    chunk it claimed; the caller runs the rest. With a fixed range per thread the caller ran its
-    half and waited for the other half."""
-    library.lib.ember_set_num_threads(2)
-    caller, ranges, stalled = threading.get_ident(), [], threading.Event()
-
-    def run_range(_ctx, begin, end):
-        if threading.get_ident() != caller and not stalled.is_set():
-            stalled.set()
-            time.sleep(0.3)
-        ranges.append((threading.get_ident() == caller, begin, end))
-
-    function = RANGE_FUNCTION(run_range)
-    try:
-        library.lib.ember_parallel_for(64, function, None)
-    finally:
-        library.lib.ember_set_num_threads(4 if library.threads < 2 else library.threads)   # as the fixture left it
-    covered = sorted((begin, end) for _, begin, end in ranges)
-    assert [begin for begin, _ in covered] == [0] + [end for _, end in covered[:-1]] and covered[-1][1] == 64
-    by_caller = sum(end - begin for on_caller, begin, end in ranges if on_caller)
-    assert by_caller > 32, f"the caller ran {by_caller} of 64 (a fixed half per thread: 32)"
+def test_a_worker_late_to_a_job_leaves_its_range_to_the_caller(library):
+    """EMBER_SPIN_US=0: the worker sleeps between jobs, so each job starts before it wakes. Its
+    range goes to the caller once the caller's own is done (a thread the OS did not run when the
+    job began holds nothing up); with a fixed range per thread the caller always waited for it.
+    Every job's ranges cover [0, 64) once."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "EMBER_SPIN_US": "0", "PYTHONPATH": repo}
+    done = subprocess.run([sys.executable, "-c", _LATE_WORKER.format(isa=library.isa)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    jobs = eval(done.stdout)    # noqa: S307 (our own child's repr of a list of tuples)
+    for ranges in jobs:
+        assert sorted((begin, end) for _, begin, end in ranges) == [(0, 32), (32, 64)], ranges
+    taken_by_caller = sum((True, 32, 64) in ranges for ranges in jobs)
+    assert taken_by_caller >= 1, f"the caller never ran the worker's range in {len(jobs)} jobs"
