@@ -5,7 +5,10 @@ token) is timed over and over beside them. For each attack it reports
 - crashes: a 5xx (a 503 with Retry-After is load shedding, not a crash), a dropped connection, a
   hang (no answer within --timeout), an error body not in OpenAI's shape, /health not ready after;
 - the server's resident memory growth per request (VmRSS; a spawned server, or --server-pid);
-- the p50 / p99 latency of the concurrent small request, beside an idle baseline;
+- the p50 / p99 latency of the concurrent small request, beside an idle baseline: the request is
+  sent by a process of its own (so the attack's client, parsing megabytes of JSON in this
+  process, never holds up its timing) and each attack is sent again, in fresh rounds, until at
+  least --min-probes small requests ran beside it (a p99 of 5 samples is their maximum);
 - silent constraint breaks: a structured output that finished with finish_reason "stop" (status
   "completed" on /v1/responses) whose JSON does not match its schema.
 
@@ -14,13 +17,16 @@ Responses (metadata at and past OpenAI's bounds, large stored text.format, previ
 chains), embeddings (64 inputs of growing length), prompt logprobs (prompt_logprobs 20 with n=2
 and echo), tokenization (4 large /tokenize bodies at once).
 
-    python tools/attack_http.py --quick --report attack.json        # spawns a small server, ~1 min
+    python tools/attack_http.py --report attack.json                # spawns a server, ~5 min
+    python tools/attack_http.py --quick --min-probes 1 --report attack.json   # a small one, ~1 min
     python tools/attack_http.py --url http://127.0.0.1:8000 --server-pid 1234
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import queue
 import shlex
 import statistics
 import sys
@@ -41,6 +47,7 @@ from server_under_test import add_server_arguments, served, served_model, wait_i
 DEFAULT_SERVER_ARGS = "--max-model-len 1100 --kv-cache-memory 256MiB"
 GROWTH = (1, 10)            # each attack at its base size, then 10x
 PROBE_INTERVAL = 0.2        # seconds between two small requests
+MAX_ROUNDS = 20             # rounds of one attack at most, whatever --min-probes asks
 
 
 @dataclass
@@ -114,35 +121,58 @@ def resident_bytes(pid: int | None) -> int | None:
 
 
 class Probe:
-    """A small chat request (1 token), sent every PROBE_INTERVAL seconds in a thread of its own:
-    its latencies while an attack runs."""
+    """A small chat request (1 token), sent every PROBE_INTERVAL seconds by a process of its own:
+    its latencies while an attack runs (`latencies`, `problems`: what has come back so far)."""
 
     def __init__(self, url: str, model: str, timeout: float):
-        self.url, self.model, self.timeout = url, model, timeout
+        context = multiprocessing.get_context("spawn")
+        self._stop = context.Event()
+        self._results = context.Queue()
+        self._process = context.Process(target=_probe_loop, args=(url, model, timeout, self._stop, self._results),
+                                        daemon=True)
         self.latencies: list[float] = []
         self.problems: list[str] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> Probe:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self._process.start()
+        self._receive(block=True, timeout=60)   # its first answer: the process is up
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join()
+        self._process.join(timeout=600)
+        self._receive()
 
-    def _run(self) -> None:
-        session = requests.Session()
-        body = {"model": self.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
-        while not self._stop.is_set():
-            reply = send(session, self.url, "/v1/chat/completions", body, self.timeout)
-            if reply.status == 200:
-                self.latencies.append(reply.seconds)
-            elif reply.problem:
-                self.problems.append(f"small request: {reply.problem}")
-            self._stop.wait(PROBE_INTERVAL)
+    def count(self) -> int:
+        """Small requests answered so far."""
+        self._receive()
+        return len(self.latencies)
+
+    def _receive(self, block: bool = False, timeout: float | None = None) -> None:
+        while True:
+            try:
+                kind, value = self._results.get(block=block, timeout=timeout)
+            except queue.Empty:
+                return
+            block = False
+            if kind == "latency":
+                self.latencies.append(value)
+            elif kind == "problem":
+                self.problems.append(value)
+
+
+def _probe_loop(url: str, model: str, timeout: float, stop, results) -> None:
+    session = requests.Session()
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    while not stop.is_set():
+        reply = send(session, url, "/v1/chat/completions", body, timeout)
+        if reply.status == 200:
+            results.put(("latency", reply.seconds))
+        elif reply.problem:
+            results.put(("problem", f"small request: {reply.problem}"))
+        else:
+            results.put(("other", reply.status))
+        stop.wait(PROBE_INTERVAL)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -166,19 +196,21 @@ def token_ids(count: int, salt: int) -> list[int]:
     return [1000 + (salt * 7919 + i) % 20000 for i in range(count)]
 
 
-def embeddings(model: str, sizes: Sizes, growth: int) -> list[Request]:
-    inputs = [token_ids(sizes.embedding_tokens * growth, i) for i in range(sizes.embedding_inputs)]
+def embeddings(model: str, sizes: Sizes, growth: int, round_no: int = 0) -> list[Request]:
+    salt = round_no * sizes.embedding_inputs      # fresh ids each round: the prefix cache misses
+    inputs = [token_ids(sizes.embedding_tokens * growth, salt + i) for i in range(sizes.embedding_inputs)]
     return [Request("/v1/embeddings", {"model": model, "input": inputs})]
 
 
-def prompt_logprobs(model: str, sizes: Sizes, growth: int) -> list[Request]:
-    prompts = [token_ids(sizes.logprob_tokens * growth, i) for i in range(sizes.logprob_prompts)]
+def prompt_logprobs(model: str, sizes: Sizes, growth: int, round_no: int = 0) -> list[Request]:
+    salt = round_no * sizes.logprob_prompts
+    prompts = [token_ids(sizes.logprob_tokens * growth, salt + i) for i in range(sizes.logprob_prompts)]
     base = {"model": model, "prompt": prompts, "max_tokens": 1, "prompt_logprobs": 20}
     return [Request("/v1/completions", base),
             Request("/v1/completions", {**base, "n": 2, "echo": True, "logprobs": 20})]
 
 
-def tokenize(model: str, sizes: Sizes, growth: int) -> list[Request]:
+def tokenize(model: str, sizes: Sizes, growth: int, round_no: int = 0) -> list[Request]:
     text = "lorem ipsum dolor " * (sizes.tokenize_chars * growth // 18)
     return [Request("/tokenize", {"model": model, "prompt": text}) for _ in range(4)]
 
@@ -215,7 +247,7 @@ def _structured_chat(model: str, schema: dict) -> Request:
         "response_format": {"type": "json_schema", "json_schema": {"name": "out", "schema": schema}}}, schema)
 
 
-def structured(model: str, sizes: Sizes, growth: int) -> list[Request]:
+def structured(model: str, sizes: Sizes, growth: int, round_no: int = 0) -> list[Request]:
     salt = int(time.monotonic() * 1000) % 100000      # fresh schemas: the compile cache misses
     schemas = [_wide_schema(sizes.schema_width * growth, salt), _enum_schema(50 * growth, salt),
                _deep_schema(sizes.schema_depth * growth, salt)]
@@ -223,7 +255,7 @@ def structured(model: str, sizes: Sizes, growth: int) -> list[Request]:
     return [_structured_chat(model, schema) for schema in schemas]
 
 
-def responses(model: str, sizes: Sizes, growth: int) -> list[Request]:
+def responses(model: str, sizes: Sizes, growth: int, round_no: int = 0) -> list[Request]:
     metadata = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}      # OpenAI's bounds, all used
     too_much = {f"k{i}": "v" * 600 for i in range(17 * growth)}           # past them: a 400
     answer = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 12}},
@@ -287,12 +319,14 @@ class AttackResult:
     small_request_p99_s: float | None = None
     small_requests: int = 0
     slowest_attack_request_s: float = 0.0
+    rounds: int = 1                      # times the attack's batch was sent
 
 
 def run_attack(name: str, growth: int, server, model: str, sizes: Sizes, args) -> AttackResult:
-    batch = ATTACKS[name](model, sizes, growth)
     rss_before = resident_bytes(args.server_pid or server.pid)
     start = time.monotonic()
+    batch: list[Request] = []
+    replies: list[Reply] = []
     with Probe(server.url, model, args.timeout) as probe, ThreadPoolExecutor(args.workers) as pool:
         time.sleep(PROBE_INTERVAL)       # the probe has a baseline before the attack lands
         sessions = threading.local()
@@ -302,7 +336,12 @@ def run_attack(name: str, growth: int, server, model: str, sizes: Sizes, args) -
                 sessions.session = requests.Session()
             return send(sessions.session, server.url, request.path, request.body, args.timeout, request.method)
 
-        replies = list(pool.map(one, batch))
+        for round_no in range(MAX_ROUNDS):
+            round_batch = ATTACKS[name](model, sizes, growth, round_no)
+            replies += pool.map(one, round_batch)
+            batch += round_batch
+            if probe.count() >= args.min_probes:
+                break
     seconds = time.monotonic() - start
     rss_after = resident_bytes(args.server_pid or server.pid)
     return AttackResult(
@@ -312,7 +351,8 @@ def run_attack(name: str, growth: int, server, model: str, sizes: Sizes, args) -
         rss_growth_bytes_per_request=None if rss_before is None or rss_after is None
         else round((rss_after - rss_before) / len(batch)),
         small_request_p50_s=percentile(probe.latencies, 0.5), small_request_p99_s=percentile(probe.latencies, 0.99),
-        small_requests=len(probe.latencies), slowest_attack_request_s=round(max(r.seconds for r in replies), 2))
+        small_requests=len(probe.latencies), slowest_attack_request_s=round(max(r.seconds for r in replies), 2),
+        rounds=round_no + 1)
 
 
 def idle_baseline(server, model: str, timeout: float, seconds: float) -> dict:
@@ -345,13 +385,19 @@ def summarize(results: list[AttackResult], baseline: dict, after: list[str]) -> 
 
 def print_summary(summary: dict) -> None:
     base = summary["baseline"]
-    print(f"idle small request: p50 {base['small_request_p50_s']} s, p99 {base['small_request_p99_s']} s")
-    print(f"{'attack':16s} {'x':>3s} {'reqs':>4s} {'secs':>7s} {'RSS/req':>10s} {'small p99':>9s}  statuses")
+    idle_p99 = base["small_request_p99_s"]
+    print(f"idle small request: p50 {base['small_request_p50_s']} s, p99 {idle_p99} s "
+          f"({base['small_requests']} requests)")
+    print(f"{'attack':16s} {'x':>3s} {'rounds':>6s} {'reqs':>4s} {'secs':>7s} {'RSS/req':>11s} {'small':>5s} "
+          f"{'p50':>6s} {'p99':>6s} {'/idle':>5s}  statuses")
     for r in summary["attacks"]:
         rss = r["rss_growth_bytes_per_request"]
         rss_text = "?" if rss is None else f"{rss / 1024:.0f} KiB"
-        print(f"{r['name']:16s} {r['growth']:3d} {r['requests']:4d} {r['seconds']:7.1f} {rss_text:>10s} "
-              f"{str(r['small_request_p99_s']):>9s}  {r['statuses']}")
+        p99 = r["small_request_p99_s"]
+        ratio = f"{p99 / idle_p99:.1f}x" if p99 and idle_p99 else "?"
+        print(f"{r['name']:16s} {r['growth']:3d} {r['rounds']:6d} {r['requests']:4d} {r['seconds']:7.1f} "
+              f"{rss_text:>11s} {r['small_requests']:5d} {str(r['small_request_p50_s']):>6s} {str(p99):>6s} "
+              f"{ratio:>5s}  {r['statuses']}")
         for line in r["crashes"][:3] + r["constraint_breaks"][:3]:
             print(f"    - {line[:300]}")
     for line in summary["after_run_problems"]:
@@ -367,7 +413,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--server-pid", type=int, help="the --url server's process, for its resident memory")
     p.add_argument("--workers", type=int, default=8, help="attack requests in flight at once")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a response may take")
-    p.add_argument("--baseline-seconds", type=float, default=3.0, help="idle probing before the attacks")
+    p.add_argument("--baseline-seconds", type=float, default=10.0, help="idle probing before the attacks")
+    p.add_argument("--min-probes", type=int, default=40,
+                   help=f"send each attack again (at most {MAX_ROUNDS} rounds) until this many small requests ran beside it")
     p.add_argument("--idle-timeout", type=float, default=60.0,
                    help="seconds the engine may take to become idle after the last attack")
     p.add_argument("--report", help="write the summary as JSON")

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.attack
 def test_quick_attack_of_a_test_server(base_url, tmp_path):
     report = tmp_path / "attack.json"
     status = attack_http.main(["--url", base_url, "--server-pid", str(os.getpid()), "--quick",
-                               "--baseline-seconds", "1", "--timeout", "120", "--report", str(report)])
+                               "--baseline-seconds", "1", "--min-probes", "1", "--timeout", "120",
+                               "--report", str(report)])
     summary = json.loads(report.read_text())
     attacks = {(a["name"], a["growth"]): a for a in summary["attacks"]}
     assert set(attacks) == {(name, growth) for name in attack_http.ATTACKS for growth in attack_http.GROWTH}
