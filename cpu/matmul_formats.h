@@ -6,8 +6,10 @@
  *   Q4_0, Q5_0  isum = dot - o * sum(x q) (o = 8, 16);   acc += isum * (d xd)
  *   Q5_1        acc += dot * (d xd); acc += m * xs
  *   Q4_K, Q5_K  acc += dot * ((d sc) xd); acc -= (dmin mn) * xs
- *   Q6_K        isum = sc_a (dot_a - 32 sx_a) + sc_b (dot_b - 32 sx_b) over the block's halves;
- *               acc += isum * (d xd)
+ *   Q6_K        sum = float(sc_a (dot_a - 32 sx_a)) + float(sc_b (dot_b - 32 sx_b)) over the
+ *               block's halves (with 16-bit x the two products' int32 sum could overflow);
+ *               acc += sum * (d xd)
+ * With two passes dot is SPLIT_BASE dot(hi) + dot(lo) of the row pair, sx the sum of the 16-bit q.
  * The integer sums are exact, the float steps the same on every path (FMA where the SIMD paths
  * fuse): the portable, 256-bit, 512-bit and AMX paths agree bit for bit. Included by matmul_q.c.
  */
@@ -76,17 +78,22 @@ static inline float f16_field(const uint8_t *rec, int field, int n) {
     return ember_f16_to_f32(ember_load_u16(rec + 16 * field + 2 * n));
 }
 
-static inline void block_portable(const uint8_t *group, int32_t wtype, int64_t b, int n, const int8_t *xb, float xd,
-                                  float xs, float *acc) {
+/* Row n of block b against one int8 row of x at xb (P = 2: and its lo row at xb + K, unless
+ * lo_kept is 0) */
+static inline void block_portable(const uint8_t *group, int32_t wtype, int64_t b, int n, const int8_t *xb, int64_t K,
+                                  int P, int lo_kept, float xd, float xs, float *acc) {
     const uint8_t *rec = record_of(group, wtype, b), *body = body_of(group, wtype, b);
     const int bi = (int)(b % FORMATS[wtype].blocks);
-    int32_t half[2];
+    int32_t half[2], lo[2] = {0, 0};
     dot_halves(body, wtype, n, xb, half);
+    if (P == 2) {
+        if (lo_kept) dot_halves(body, wtype, n, xb + K, lo);
+        for (int h = 0; h < 2; h++) half[h] = SPLIT_BASE * half[h] + lo[h];
+    }
     const float d = f16_field(rec, 0, n);
     if (wtype == WTYPE_Q6_K) {
         const int8_t *sc = (const int8_t *)rec + 16 + 16 * bi;
-        const int32_t isum = sc[n] * half[0] + sc[8 + n] * half[1];
-        *acc = fmaf((float)isum, d * xd, *acc);
+        *acc = fmaf((float)(sc[n] * half[0]) + (float)(sc[8 + n] * half[1]), d * xd, *acc);
     } else if (is_k_quant(wtype)) {
         const float dw = d * (float)rec[32 + 8 * bi + n], mw = f16_field(rec, 1, n) * (float)rec[96 + 8 * bi + n];
         *acc = fmaf((float)(half[0] + half[1]), dw * xd, *acc);
@@ -98,15 +105,19 @@ static inline void block_portable(const uint8_t *group, int32_t wtype, int64_t b
 }
 
 #if !defined(__AVX2__) && !defined(EMBER_NEON)
+/* R int8 rows of x, R / P rows of y (xsum, xsum_lo: the SIMD paths' signature) */
 static void group_tile_formats_portable(const uint8_t *g, int32_t wtype, int64_t nb, const int8_t *xq, int64_t K,
-                                        const float *xd, const float *xs, const int R, float out[][8]) {
-    for (int r = 0; r < R; r++)
+                                        const float *xd, const float *xs, const int32_t *xsum, const int32_t *xsum_lo,
+                                        const int R, const int P, float out[][8]) {
+    (void)xsum, (void)xsum_lo;
+    for (int r = 0; r < R; r += P)
         for (int n = 0; n < 8; n++) {
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++)
                 if (xd[r * nb + b] != 0.0f)
-                    block_portable(g, wtype, b, n, xq + r * K + b * 32, xd[r * nb + b], xs[r * nb + b], &acc);
-            out[r][n] = acc;
+                    block_portable(g, wtype, b, n, xq + r * K + b * 32, K, P, P == 2 && xd[(r + 1) * nb + b] != 0.0f,
+                                   xd[r * nb + b], xs[r * nb + b], &acc);
+            out[r / P][n] = acc;
         }
 }
 #endif
@@ -160,18 +171,25 @@ static inline __m256i dot4_values8(const __m256i *v, const int8_t *xb, int first
     return sum;
 }
 
+/* dot4_values8 of one int8 row, or (P = 2) of a row pair, combined */
+static inline __m256i dot4_rows8(const __m256i *v, const int8_t *xb, int64_t K, int first, const int P) {
+    const __m256i sum = dot4_values8(v, xb, first);
+    return P == 2 ? split_combine8(sum, dot4_values8(v, xb + K, first)) : sum;
+}
+
 static inline __m256 u8x8_ps(const uint8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
 static inline __m256i i8x8_epi32(const uint8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
 
+/* R int8 rows of x, R / P rows of y */
 static inline __attribute__((always_inline)) void group_tile_formats(
         const uint8_t *g, const int32_t wtype, int64_t nb, const int8_t *xq, int64_t K, const float *xd,
-        const float *xs, const int32_t *xsum, const int32_t *xsum_lo, const int R, float out[][8]) {
+        const float *xs, const int32_t *xsum, const int32_t *xsum_lo, const int R, const int P, float out[][8]) {
     const struct wformat f = FORMATS[wtype];
     __m256 acc[8];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int r = 0; r < R / P; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *rec = record_of(g, wtype, b), *body = body_of(g, wtype, b);
         const int bi = (int)(b % f.blocks);
@@ -187,26 +205,28 @@ static inline __attribute__((always_inline)) void group_tile_formats(
         } else if (wtype == WTYPE_Q5_1) {
             mw = load_f16x8(rec + 16);
         }
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < R; r += P) {
             const int8_t *xb = xq + r * K + b * 32;
-            __m256i isum;
+            __m256 fsum;
             if (wtype == WTYPE_Q6_K) {
-                const __m256i lo = _mm256_sub_epi32(dot4_values8(v, xb, 0), _mm256_set1_epi32(32 * xsum_lo[r * nb + b]));
-                const __m256i hi = _mm256_sub_epi32(dot4_values8(v, xb, 4),
+                const __m256i lo = _mm256_sub_epi32(dot4_rows8(v, xb, K, 0, P), _mm256_set1_epi32(32 * xsum_lo[r * nb + b]));
+                const __m256i hi = _mm256_sub_epi32(dot4_rows8(v, xb, K, 4, P),
                                                     _mm256_set1_epi32(32 * (xsum[r * nb + b] - xsum_lo[r * nb + b])));
-                isum = _mm256_add_epi32(_mm256_mullo_epi32(lo, i8x8_epi32(rec + 16 + 16 * bi)),
-                                        _mm256_mullo_epi32(hi, i8x8_epi32(rec + 24 + 16 * bi)));
+                fsum = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_mullo_epi32(lo, i8x8_epi32(rec + 16 + 16 * bi))),
+                                     _mm256_cvtepi32_ps(_mm256_mullo_epi32(hi, i8x8_epi32(rec + 24 + 16 * bi))));
             } else {
-                isum = _mm256_add_epi32(dot4_values8(v, xb, 0), dot4_values8(v, xb, 4));
+                __m256i isum = _mm256_add_epi32(dot4_values8(v, xb, 0), dot4_values8(v, xb, 4));
+                if (P == 2) isum = split_combine8(isum, _mm256_add_epi32(dot4_values8(v, xb + K, 0), dot4_values8(v, xb + K, 4)));
                 if (f.offset) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(f.offset * xsum[r * nb + b]));
+                fsum = _mm256_cvtepi32_ps(isum);
             }
-            __m256 sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * nb + b])), acc[r]);
+            __m256 sum = _mm256_fmadd_ps(fsum, _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * nb + b])), acc[r / P]);
             if (is_k_quant(wtype)) sum = _mm256_fnmadd_ps(mw, _mm256_set1_ps(xs[r * nb + b]), sum);
             else if (wtype == WTYPE_Q5_1) sum = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[r * nb + b]), sum);
-            acc[r] = _mm256_blendv_ps(acc[r], sum, kept_lanes8(_mm256_set1_ps(xd[r * nb + b])));
+            acc[r / P] = _mm256_blendv_ps(acc[r / P], sum, kept_lanes8(_mm256_set1_ps(xd[r * nb + b])));
         }
     }
-    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r], acc[r]);
+    for (int r = 0; r < R / P; r++) _mm256_storeu_ps(out[r], acc[r]);
 }
 #endif
 
@@ -247,6 +267,11 @@ static inline __m512i dot4_values16(const __m512i *v, const int8_t *xb, int firs
     return sum;
 }
 
+static inline __m512i dot4_rows16(const __m512i *v, const int8_t *xb, int64_t K, int first, const int P) {
+    const __m512i sum = dot4_values16(v, xb, first);
+    return P == 2 ? split_combine16(sum, dot4_values16(v, xb + K, first)) : sum;
+}
+
 static inline __m128i pair8(const uint8_t *a, const uint8_t *b) {
     return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a), _mm_loadl_epi64((const __m128i *)b));
 }
@@ -271,10 +296,10 @@ static inline void pair_scales(const uint8_t *ra, const uint8_t *rc, int32_t wty
     }
 }
 
-/* acc + isum (d xd) (+ or - mw xs): the float steps every path takes, in this order (acc as it
+/* acc + sum (d xd) (+ or - mw xs): the float steps every path takes, in this order (acc as it
  * was where xd is 0: kept_lanes8) */
-static inline __m512 scale_block16(int32_t wtype, __m512 acc, __m512i isum, __m512 dw, __m512 mw, float xd, float xs) {
-    __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xd)), acc);
+static inline __m512 scale_block16(int32_t wtype, __m512 acc, __m512 fsum, __m512 dw, __m512 mw, float xd, float xs) {
+    __m512 sum = _mm512_fmadd_ps(fsum, _mm512_mul_ps(dw, _mm512_set1_ps(xd)), acc);
     if (is_k_quant(wtype)) sum = _mm512_fnmadd_ps(mw, _mm512_set1_ps(xs), sum);
     else if (wtype == WTYPE_Q5_1) sum = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs), sum);
     return _mm512_mask_mov_ps(acc, kept_lanes16(_mm512_set1_ps(xd)), sum);
@@ -282,11 +307,11 @@ static inline __m512 scale_block16(int32_t wtype, __m512 acc, __m512i isum, __m5
 
 static inline __attribute__((always_inline)) void group_pair_tile_formats(
         const uint8_t *ga, const uint8_t *gb, const int32_t wtype, int64_t nb, const int8_t *xq, int64_t K,
-        const float *xd, const float *xs, const int32_t *xsum, const int32_t *xsum_lo, const int R,
+        const float *xd, const float *xs, const int32_t *xsum, const int32_t *xsum_lo, const int R, const int P,
         float out_a[][8], float out_b[][8]) {
     const struct wformat f = FORMATS[wtype];
     __m512 acc[8], d = _mm512_setzero_ps(), m = d;
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int r = 0; r < R / P; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *ra = record_of(ga, wtype, b), *rc = record_of(gb, wtype, b);
         const int bi = (int)(b % f.blocks);
@@ -301,23 +326,27 @@ static inline __attribute__((always_inline)) void group_pair_tile_formats(
         if (bi == 0) record_scales(ra, rc, wtype, &d, &m);
         __m512 dw, mw;
         pair_scales(ra, rc, wtype, bi, d, m, &dw, &mw);
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < R; r += P) {
             const int8_t *xb = xq + r * K + b * 32;
-            __m512i isum;
+            __m512 fsum;
             if (wtype == WTYPE_Q6_K) {
                 const int32_t lo_x = xsum_lo[r * nb + b], hi_x = xsum[r * nb + b] - lo_x;
-                const __m512i lo = _mm512_sub_epi32(dot4_values16(v, xb, 0), _mm512_set1_epi32(32 * lo_x));
-                const __m512i hi = _mm512_sub_epi32(dot4_values16(v, xb, 4), _mm512_set1_epi32(32 * hi_x));
-                isum = _mm512_add_epi32(_mm512_mullo_epi32(lo, i8x16_epi32(ra + 16 + 16 * bi, rc + 16 + 16 * bi)),
-                                        _mm512_mullo_epi32(hi, i8x16_epi32(ra + 24 + 16 * bi, rc + 24 + 16 * bi)));
+                const __m512i lo = _mm512_sub_epi32(dot4_rows16(v, xb, K, 0, P), _mm512_set1_epi32(32 * lo_x));
+                const __m512i hi = _mm512_sub_epi32(dot4_rows16(v, xb, K, 4, P), _mm512_set1_epi32(32 * hi_x));
+                fsum = _mm512_add_ps(
+                    _mm512_cvtepi32_ps(_mm512_mullo_epi32(lo, i8x16_epi32(ra + 16 + 16 * bi, rc + 16 + 16 * bi))),
+                    _mm512_cvtepi32_ps(_mm512_mullo_epi32(hi, i8x16_epi32(ra + 24 + 16 * bi, rc + 24 + 16 * bi))));
             } else {
-                isum = _mm512_add_epi32(dot4_values16(v, xb, 0), dot4_values16(v, xb, 4));
+                __m512i isum = _mm512_add_epi32(dot4_values16(v, xb, 0), dot4_values16(v, xb, 4));
+                if (P == 2)
+                    isum = split_combine16(isum, _mm512_add_epi32(dot4_values16(v, xb + K, 0), dot4_values16(v, xb + K, 4)));
                 if (f.offset) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(f.offset * xsum[r * nb + b]));
+                fsum = _mm512_cvtepi32_ps(isum);
             }
-            acc[r] = scale_block16(wtype, acc[r], isum, dw, mw, xd[r * nb + b], xs[r * nb + b]);
+            acc[r / P] = scale_block16(wtype, acc[r / P], fsum, dw, mw, xd[r * nb + b], xs[r * nb + b]);
         }
     }
-    store_pair_rows(acc, R, out_a, out_b);
+    store_pair_rows(acc, R / P, out_a, out_b);
 }
 #endif
 

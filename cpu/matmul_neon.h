@@ -149,10 +149,10 @@ static inline void dot_values_pair(int8x16_t w[4][4], const int8_t *xa, const in
 }
 #endif
 
-/* The exact int32 sum of a block for the 8 rows from its dot sums over V_0..3 (lo) and V_4..7
- * (hi): values less their offset, times x (Q6_K: its halves times their scales) */
-static inline void block_isum(const int32x4_t lo[2], const int32x4_t hi[2], const uint8_t *rec,
-                              const int32_t wtype, int bi, int32_t xsum, int32_t xsum_lo, int32x4_t isum[2]) {
+/* A block's sum for the 8 rows from its exact dot sums over V_0..3 (lo) and V_4..7 (hi): values
+ * less their offset, times x (Q6_K: its halves times their scales, each product made float) */
+static inline void block_sum(const int32x4_t lo[2], const int32x4_t hi[2], const uint8_t *rec,
+                             const int32_t wtype, int bi, int32_t xsum, int32_t xsum_lo, float32x4_t sum[2]) {
     if (wtype == WTYPE_Q6_K) {
         int32x4_t sc_lo[2], sc_hi[2];
         i8x8_s32(rec + 16 + 16 * bi, sc_lo);
@@ -160,14 +160,21 @@ static inline void block_isum(const int32x4_t lo[2], const int32x4_t hi[2], cons
         for (int h = 0; h < 2; h++) {
             const int32x4_t a = vsubq_s32(lo[h], vdupq_n_s32(32 * xsum_lo));
             const int32x4_t c = vsubq_s32(hi[h], vdupq_n_s32(32 * (xsum - xsum_lo)));
-            isum[h] = vmlaq_s32(vmulq_s32(a, sc_lo[h]), c, sc_hi[h]);
+            sum[h] = vaddq_f32(vcvtq_f32_s32(vmulq_s32(a, sc_lo[h])), vcvtq_f32_s32(vmulq_s32(c, sc_hi[h])));
         }
         return;
     }
     for (int h = 0; h < 2; h++) {
-        isum[h] = vaddq_s32(lo[h], hi[h]);
-        if (FORMATS[wtype].offset) isum[h] = vsubq_s32(isum[h], vdupq_n_s32(FORMATS[wtype].offset * xsum));
+        int32x4_t isum = vaddq_s32(lo[h], hi[h]);
+        if (FORMATS[wtype].offset) isum = vsubq_s32(isum, vdupq_n_s32(FORMATS[wtype].offset * xsum));
+        sum[h] = vcvtq_f32_s32(isum);
     }
+}
+
+/* Two passes: a row pair's dot sums (of hi, and of lo where lo_sums is not NULL) combined in place */
+static inline void split_combine(int32x4_t sums[2], const int32x4_t *lo_sums) {
+    for (int h = 0; h < 2; h++)
+        sums[h] = vmlaq_n_s32(lo_sums ? lo_sums[h] : vdupq_n_s32(0), sums[h], SPLIT_BASE);
 }
 
 /* Row r of x's block b (its dot sums lo, hi) into the row's accumulators: the portable path's
@@ -175,21 +182,22 @@ static inline void block_isum(const int32x4_t lo[2], const int32x4_t hi[2], cons
 static inline void accumulate_row(float32x4_t acc[2], const int32x4_t lo[2], const int32x4_t hi[2],
                                   const uint8_t *rec, const int32_t wtype, int bi, const float32x4_t dw[2],
                                   const float32x4_t mw[2], float xd, float xs, int32_t xsum, int32_t xsum_lo) {
-    int32x4_t isum[2];
-    block_isum(lo, hi, rec, wtype, bi, xsum, xsum_lo, isum);
+    float32x4_t sum[2];
+    block_sum(lo, hi, rec, wtype, bi, xsum, xsum_lo, sum);
     for (int h = 0; h < 2; h++) {
-        acc[h] = vfmaq_f32(acc[h], vcvtq_f32_s32(isum[h]), vmulq_n_f32(dw[h], xd));
+        acc[h] = vfmaq_f32(acc[h], sum[h], vmulq_n_f32(dw[h], xd));
         if (is_k_quant(wtype)) acc[h] = vfmsq_f32(acc[h], mw[h], vdupq_n_f32(xs));
         else if (wtype == WTYPE_Q4_1 || wtype == WTYPE_Q5_1) acc[h] = vfmaq_f32(acc[h], mw[h], vdupq_n_f32(xs));
     }
 }
 
-/* xsum, xsum_lo: read only for the formats with an offset (may be NULL for Q8_0, Q4_1) */
+/* R int8 rows of x, R / P rows of y (P: the passes, a constant); xsum, xsum_lo: read only for
+ * the formats with an offset (may be NULL for Q8_0, Q4_1) */
 static inline __attribute__((always_inline)) void group_tile_neon(
         const uint8_t *g, const int32_t wtype, int64_t nb, const int8_t *xq, int64_t K, const float *xd,
-        const float *xs, const int32_t *xsum, const int32_t *xsum_lo, const int R, float out[][8]) {
+        const float *xs, const int32_t *xsum, const int32_t *xsum_lo, const int R, const int P, float out[][8]) {
     float32x4_t acc[MR][2];
-    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = vdupq_n_f32(0.0f);
+    for (int r = 0; r < R / P; r++) acc[r][0] = acc[r][1] = vdupq_n_f32(0.0f);
 #define ROW_ARGS(r) rec, wtype, bi, dw, mw, xd[(r) * nb + b], xs[(r) * nb + b], xsum ? xsum[(r) * nb + b] : 0, \
                     xsum_lo ? xsum_lo[(r) * nb + b] : 0
     for (int64_t b = 0; b < nb; b++) {
@@ -206,26 +214,41 @@ static inline __attribute__((always_inline)) void group_tile_neon(
             int8x16_t w[4][4];
             values_by_row_pairs(v, w);
             const int32x4_t zero[2] = {vdupq_n_s32(0), vdupq_n_s32(0)};
-            for (; r + 1 < R; r += 2) {
-                if (xd[r * nb + b] == 0.0f && xd[(r + 1) * nb + b] == 0.0f) continue;
+            for (; r + 1 < R; r += 2) {               /* P = 2: the pair is hi and lo of one row */
+                if (xd[r * nb + b] == 0.0f && (P == 2 || xd[(r + 1) * nb + b] == 0.0f)) continue;
                 const int8_t *xa = xq + r * K + b * QK;
                 int32x4_t sums[2][2];
                 dot_values_pair(w, xa, xa + K, sums[0], sums[1]);
+                if (P == 2) {
+                    split_combine(sums[0], sums[1]);
+                    accumulate_row(acc[r / 2], sums[0], zero, ROW_ARGS(r));
+                    continue;
+                }
                 for (int i = 0; i < 2; i++)
                     if (xd[(r + i) * nb + b] != 0.0f) accumulate_row(acc[r + i], sums[i], zero, ROW_ARGS(r + i));
             }
         }
 #endif
-        for (; r < R; r++) {
-            if (xd[r * nb + b] == 0.0f) continue;     /* a skipped second pass, or a zero block */
+        for (; r < R; r += P) {
+            if (xd[r * nb + b] == 0.0f) continue;     /* a zero block */
             int32x4_t lo[2], hi[2];
             dot4_values(v, xq + r * K + b * QK, 0, lo);
             dot4_values(v, xq + r * K + b * QK, 4, hi);
-            accumulate_row(acc[r], lo, hi, ROW_ARGS(r));
+            if (P == 2) {
+                const int lo_kept = xd[(r + 1) * nb + b] != 0.0f;    /* else the pair's lo row is zero */
+                int32x4_t lo2[2], hi2[2];
+                if (lo_kept) {
+                    dot4_values(v, xq + (r + 1) * K + b * QK, 0, lo2);
+                    dot4_values(v, xq + (r + 1) * K + b * QK, 4, hi2);
+                }
+                split_combine(lo, lo_kept ? lo2 : NULL);
+                split_combine(hi, lo_kept ? hi2 : NULL);
+            }
+            accumulate_row(acc[r / P], lo, hi, ROW_ARGS(r));
         }
     }
 #undef ROW_ARGS
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < R / P; r++) {
         vst1q_f32(out[r], acc[r][0]);
         vst1q_f32(out[r] + 4, acc[r][1]);
     }
@@ -233,14 +256,14 @@ static inline __attribute__((always_inline)) void group_tile_neon(
 
 static inline __attribute__((always_inline)) void group_tile(
         const uint8_t *g, int32_t wtype, int64_t nb, const int8_t *xq, int64_t K,
-        const float *xd, const float *xs, const int R, float out[MR][ROWS]) {
-    group_tile_neon(g, wtype, nb, xq, K, xd, xs, NULL, NULL, R, out);
+        const float *xd, const float *xs, const int R, const int P, float out[MR][ROWS]) {
+    group_tile_neon(g, wtype, nb, xq, K, xd, xs, NULL, NULL, R, P, out);
 }
 
 static inline __attribute__((always_inline)) void group_tile_formats(
         const uint8_t *g, const int32_t wtype, int64_t nb, const int8_t *xq, int64_t K, const float *xd,
-        const float *xs, const int32_t *xsum, const int32_t *xsum_lo, const int R, float out[][8]) {
-    group_tile_neon(g, wtype, nb, xq, K, xd, xs, xsum, xsum_lo, R, out);
+        const float *xs, const int32_t *xsum, const int32_t *xsum_lo, const int R, const int P, float out[][8]) {
+    group_tile_neon(g, wtype, nb, xq, K, xd, xs, xsum, xsum_lo, R, P, out);
 }
 
 #endif

@@ -1,9 +1,12 @@
 /* y[M, N] = x[M, K] @ W[N, K]^T with W quantized in blocks of 32 (llama.cpp's scheme).
  *
  * x is quantized once per call to int8 blocks (d = max|x| / 127, q = rint(x / d), s = d * sum q).
- * With two passes the residual x - d q of a block is quantized again, but only in the blocks that
- * carry most of the row's rounding error (d^2 >= threshold * the mean d^2 of the row: the error of
- * a block grows with d^2); the other blocks' second pass is zero and the kernel skips it.
+ * With two passes a block goes to 16 bits, q = rint(x / d) with d = max|x| / 32512, split into two
+ * int8 rows q = 255 hi + lo (both within +-127, as one-pass values are); the kernels combine the
+ * two rows' exact int32 dot products as 255 dot(hi) + dot(lo) and scale the pair once. Only the
+ * blocks that carry most of the row's rounding error keep their lo (d1^2 >= threshold * the mean
+ * d1^2 of the row, d1 = max|x| / 127: the error of a block grows with d1^2); the others are
+ * 255 hi alone, and the portable and NEON paths skip their lo row.
  * W is repacked at load (ember_cupy/quant.py) so that 8 weight rows share each 32-byte load:
  *   Q4_1x8, per 8 rows and block: f16 d[8], f16 m[8], then 4 chunks of 32 bytes; byte 4r+i of
  *           chunk c holds row r's value at k = 8c+i in its low nibble and k = 8c+4+i in its high
@@ -26,6 +29,7 @@
 #define QK 32
 #define ROWS 8                       /* weight rows interleaved together */
 #define MR 8                         /* int8 rows of x per tile (with two passes, 4 rows of x) */
+#define SPLIT_BASE 255               /* two passes: q = SPLIT_BASE hi + lo */
 #define GROUPS_PER_TASK 4            /* 32 weight rows per thread task */
 #ifndef X_TILE_BYTES
 #define X_TILE_BYTES 8192             /* int8 rows of x swept per weight group: they stay in L1 */
@@ -138,16 +142,57 @@ static inline __m256 load_f16x8(const uint8_t *p) {
  * mispredicts (1.3x at M = 1, where they are about half). */
 static inline __m256 kept_lanes8(__m256 xd) { return _mm256_cmp_ps(xd, _mm256_setzero_ps(), _CMP_NEQ_UQ); }
 
+/* Two passes: a pair's exact sum SPLIT_BASE dot(hi) + dot(lo) */
+static inline __m256i split_combine8(__m256i hi, __m256i lo) {
+    return _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(hi, 8), hi), lo);
+}
+
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define DOT_ACC(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
 #endif
 
+/* A Q4_1 block's dot products with one int8 row of x (lo, hi: its chunks' low and high nibbles) */
+static inline __m256i q4_1_dot8(const __m256i lo[4], const __m256i hi[4], const int8_t *xb) {
+#if defined(DOT_ACC)
+    __m256i sum = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        sum = DOT_ACC(sum, lo[c], bcast4(xb + 8 * c));
+        sum = DOT_ACC(sum, hi[c], bcast4(xb + 8 * c + 4));
+    }
+    return sum;
+#else
+    /* 16-bit sums cannot overflow: 8 x 2 x 15 x 127 in both together */
+    __m256i even = _mm256_maddubs_epi16(lo[0], bcast4(xb));
+    __m256i odd = _mm256_maddubs_epi16(hi[0], bcast4(xb + 4));
+    for (int c = 1; c < 4; c++) {
+        even = _mm256_add_epi16(even, _mm256_maddubs_epi16(lo[c], bcast4(xb + 8 * c)));
+        odd = _mm256_add_epi16(odd, _mm256_maddubs_epi16(hi[c], bcast4(xb + 8 * c + 4)));
+    }
+    return _mm256_madd_epi16(_mm256_add_epi16(even, odd), _mm256_set1_epi16(1));
+#endif
+}
+
+/* A Q8_0 block's dot products with one int8 row of x (x takes w's signs, |w| is unsigned) */
+static inline __m256i q8_0_dot8(const __m256i wq[8], const __m256i wabs[8], const int8_t *xb) {
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        const __m256i xs_signed = _mm256_sign_epi8(bcast4(xb + 4 * j), wq[j]);
+#if defined(DOT_ACC)
+        sum = DOT_ACC(sum, wabs[j], xs_signed);
+#else
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[j], xs_signed), _mm256_set1_epi16(1)));
+#endif
+    }
+    return sum;
+}
+
+/* R int8 rows of x, R / P rows of y (P: the passes, a constant) */
 static inline __attribute__((always_inline)) void group_tile(
         const uint8_t *g, int32_t wtype, int64_t nb, const int8_t *xq, int64_t K,
-        const float *xd, const float *xs, const int R, float out[MR][ROWS]) {
+        const float *xd, const float *xs, const int R, const int P, float out[MR][ROWS]) {
     const int64_t rb = RECORD_BYTES[wtype];
     __m256 acc[MR];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int r = 0; r < R / P; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *rec = g + b * rb;
         _mm_prefetch((const char *)(rec + PREFETCH_BYTES), _MM_HINT_T0);
@@ -163,29 +208,14 @@ static inline __attribute__((always_inline)) void group_tile(
                 lo[c] = _mm256_and_si256(v, low);
                 hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
             }
-            for (int r = 0; r < R; r++) {
+            for (int r = 0; r < R; r += P) {
                 const int8_t *xb = xq + r * K + b * QK;
-#if defined(DOT_ACC)
-                __m256i sum = _mm256_setzero_si256();
-                for (int c = 0; c < 4; c++) {
-                    sum = DOT_ACC(sum, lo[c], bcast4(xb + 8 * c));
-                    sum = DOT_ACC(sum, hi[c], bcast4(xb + 8 * c + 4));
-                }
-                const __m256i isum = sum;
-#else
-                /* 16-bit sums cannot overflow: 8 x 2 x 15 x 127 in both together */
-                __m256i even = _mm256_maddubs_epi16(lo[0], bcast4(xb));
-                __m256i odd = _mm256_maddubs_epi16(hi[0], bcast4(xb + 4));
-                for (int c = 1; c < 4; c++) {
-                    even = _mm256_add_epi16(even, _mm256_maddubs_epi16(lo[c], bcast4(xb + 8 * c)));
-                    odd = _mm256_add_epi16(odd, _mm256_maddubs_epi16(hi[c], bcast4(xb + 8 * c + 4)));
-                }
-                const __m256i isum = _mm256_madd_epi16(_mm256_add_epi16(even, odd), _mm256_set1_epi16(1));
-#endif
+                __m256i isum = q4_1_dot8(lo, hi, xb);
+                if (P == 2) isum = split_combine8(isum, q4_1_dot8(lo, hi, xb + K));
                 const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * nb + b]));
                 const __m256 kept = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[r * nb + b]),
-                                                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r]));
-                acc[r] = _mm256_blendv_ps(acc[r], kept, kept_lanes8(_mm256_set1_ps(xd[r * nb + b])));
+                                                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r / P]));
+                acc[r / P] = _mm256_blendv_ps(acc[r / P], kept, kept_lanes8(_mm256_set1_ps(xd[r * nb + b])));
             }
         } else {
             __m256i wq[8], wabs[8];
@@ -193,56 +223,54 @@ static inline __attribute__((always_inline)) void group_tile(
                 wq[j] = _mm256_loadu_si256((const __m256i *)(rec + 16 + 32 * j));
                 wabs[j] = _mm256_sign_epi8(wq[j], wq[j]);
             }
-            for (int r = 0; r < R; r++) {
+            for (int r = 0; r < R; r += P) {
                 const int8_t *xb = xq + r * K + b * QK;
-                __m256i sum = _mm256_setzero_si256();
-                for (int j = 0; j < 8; j++) {
-                    const __m256i xs_signed = _mm256_sign_epi8(bcast4(xb + 4 * j), wq[j]);
-#if defined(DOT_ACC)
-                    sum = DOT_ACC(sum, wabs[j], xs_signed);
-#else
-                    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(wabs[j], xs_signed), _mm256_set1_epi16(1)));
-#endif
-                }
+                __m256i isum = q8_0_dot8(wq, wabs, xb);
+                if (P == 2) isum = split_combine8(isum, q8_0_dot8(wq, wabs, xb + K));
                 const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * nb + b]));
-                acc[r] = _mm256_blendv_ps(acc[r], _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[r]),
-                                          kept_lanes8(_mm256_set1_ps(xd[r * nb + b])));
+                acc[r / P] = _mm256_blendv_ps(acc[r / P], _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r / P]),
+                                              kept_lanes8(_mm256_set1_ps(xd[r * nb + b])));
             }
         }
     }
-    for (int r = 0; r < R; r++) _mm256_storeu_ps(out[r], acc[r]);
+    for (int r = 0; r < R / P; r++) _mm256_storeu_ps(out[r], acc[r]);
 }
 #elif !defined(EMBER_NEON)                /* NEON: cpu/matmul_neon.h */
+/* weight row n of a Q8_0 / Q4_1 block record times one int8 row of x */
+static inline int32_t row_dot_portable(const uint8_t *rec, int32_t wtype, int n, const int8_t *xb) {
+    int32_t sum = 0;
+    if (wtype == WTYPE_Q4_1) {
+        for (int c = 0; c < 4; c++)
+            for (int i = 0; i < 4; i++) {
+                const uint8_t v = rec[32 + 32 * c + 4 * n + i];
+                sum += (v & 0x0f) * xb[8 * c + i] + (v >> 4) * xb[8 * c + 4 + i];
+            }
+    } else {
+        for (int j = 0; j < 8; j++)
+            for (int i = 0; i < 4; i++) sum += (int8_t)rec[16 + 32 * j + 4 * n + i] * xb[4 * j + i];
+    }
+    return sum;
+}
+
 static inline void group_tile(const uint8_t *g, int32_t wtype, int64_t nb, const int8_t *xq,
-                              int64_t K, const float *xd, const float *xs, const int R,
+                              int64_t K, const float *xd, const float *xs, const int R, const int P,
                               float out[MR][ROWS]) {
     const int64_t rb = RECORD_BYTES[wtype];
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R / P; r++)
         for (int n = 0; n < ROWS; n++) out[r][n] = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *rec = g + b * rb;
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < R; r += P) {
             if (xd[r * nb + b] == 0.0f) continue;
             const int8_t *xb = xq + r * K + b * QK;
+            const int lo_kept = P == 2 && xd[(r + 1) * nb + b] != 0.0f;
+            float *o = out[r / P];
             for (int n = 0; n < ROWS; n++) {
-                int sum = 0;
+                int32_t sum = row_dot_portable(rec, wtype, n, xb);
+                if (P == 2) sum = SPLIT_BASE * sum + (lo_kept ? row_dot_portable(rec, wtype, n, xb + K) : 0);
                 const float dw = ember_f16_to_f32(ember_load_u16(rec + 2 * n));
-                if (wtype == WTYPE_Q4_1) {
-                    for (int c = 0; c < 4; c++)
-                        for (int i = 0; i < 4; i++) {
-                            const uint8_t v = rec[32 + 32 * c + 4 * n + i];
-                            sum += (v & 0x0f) * xb[8 * c + i] + (v >> 4) * xb[8 * c + 4 + i];
-                        }
-                    const float mw = ember_f16_to_f32(ember_load_u16(rec + 16 + 2 * n));
-                    out[r][n] = fmaf((float)sum, dw * xd[r * nb + b], out[r][n]);
-                    out[r][n] = fmaf(mw, xs[r * nb + b], out[r][n]);
-                } else {
-                    for (int j = 0; j < 8; j++)
-                        for (int i = 0; i < 4; i++)
-                            sum += (int8_t)rec[16 + 32 * j + 4 * n + i] * xb[4 * j + i];
-                    out[r][n] = fmaf((float)sum, dw * xd[r * nb + b], out[r][n]);
-                }
+                o[n] = fmaf((float)sum, dw * xd[r * nb + b], o[n]);
+                if (wtype == WTYPE_Q4_1) o[n] = fmaf(ember_f16_to_f32(ember_load_u16(rec + 16 + 2 * n)), xs[r * nb + b], o[n]);
             }
         }
     }
@@ -268,6 +296,10 @@ static inline __m512 load_f16x16(const uint8_t *a, const uint8_t *b) {
 /* kept_lanes8's mask, for 16 lanes */
 static inline __mmask16 kept_lanes16(__m512 xd) { return _mm512_cmp_ps_mask(xd, _mm512_setzero_ps(), _CMP_NEQ_UQ); }
 
+static inline __m512i split_combine16(__m512i hi, __m512i lo) {          /* split_combine8's */
+    return _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(hi, 8), hi), lo);
+}
+
 static inline __m512i bcast4x16(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -290,13 +322,29 @@ static inline void store_pair_rows(const __m512 *acc, int R, float out_a[][ROWS]
     }
 }
 
+static inline __m512i q4_1_dot16(const __m512i lo[4], const __m512i hi[4], const int8_t *xb) {
+    __m512i sum = _mm512_setzero_si512();
+    for (int c = 0; c < 4; c++) {
+        sum = _mm512_dpbusd_epi32(sum, lo[c], bcast4x16(xb + 8 * c));
+        sum = _mm512_dpbusd_epi32(sum, hi[c], bcast4x16(xb + 8 * c + 4));
+    }
+    return sum;
+}
+
+static inline __m512i q8_0_dot16(const __m512i wu[8], const int8_t *xb) {    /* wu: w + 128 */
+    __m512i sum = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j++) sum = _mm512_dpbusd_epi32(sum, wu[j], bcast4x16(xb + 4 * j));
+    return sum;
+}
+
+/* R int8 rows of x, R / P rows of y (P: the passes, a constant) */
 static inline __attribute__((always_inline)) void group_pair_tile(
         const uint8_t *ga, const uint8_t *gb, int32_t wtype, int64_t nb, const int8_t *xq, int64_t K,
-        const float *xd, const float *xs, const int32_t *xsum, const int R,
+        const float *xd, const float *xs, const int32_t *xsum, const int R, const int P,
         float out_a[][ROWS], float out_b[][ROWS]) {
     const int64_t rb = RECORD_BYTES[wtype];
     __m512 acc[MR];
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int r = 0; r < R / P; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *ra = ga + b * rb, *rc = gb + b * rb;
         const uint8_t *pa = pair_prefetch_target(ra, gb, gb - ga), *pb = pair_prefetch_target(rc, gb + (gb - ga), gb - ga);
@@ -309,34 +357,31 @@ static inline __attribute__((always_inline)) void group_pair_tile(
             const __m512 mw = load_f16x16(ra + 16, rc + 16);
             __m512i lo[4], hi[4];
             for (int c = 0; c < 4; c++) unpack_q4_chunk(ra, rc, c, &lo[c], &hi[c]);
-            for (int r = 0; r < R; r++) {
+            for (int r = 0; r < R; r += P) {
                 const int8_t *xb = xq + r * K + b * QK;
-                __m512i sum = _mm512_setzero_si512();
-                for (int c = 0; c < 4; c++) {
-                    sum = _mm512_dpbusd_epi32(sum, lo[c], bcast4x16(xb + 8 * c));
-                    sum = _mm512_dpbusd_epi32(sum, hi[c], bcast4x16(xb + 8 * c + 4));
-                }
+                __m512i isum = q4_1_dot16(lo, hi, xb);
+                if (P == 2) isum = split_combine16(isum, q4_1_dot16(lo, hi, xb + K));
                 const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nb + b]));
                 const __m512 kept = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[r * nb + b]),
-                                                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[r]));
-                acc[r] = _mm512_mask_mov_ps(acc[r], kept_lanes16(_mm512_set1_ps(xd[r * nb + b])), kept);
+                                                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[r / P]));
+                acc[r / P] = _mm512_mask_mov_ps(acc[r / P], kept_lanes16(_mm512_set1_ps(xd[r * nb + b])), kept);
             }
         } else {
             const __m512i sign = _mm512_set1_epi8((char)0x80);
             __m512i wu[8];
             for (int j = 0; j < 8; j++) wu[j] = _mm512_xor_si512(load_pair(ra + 16 + 32 * j, rc + 16 + 32 * j), sign);
-            for (int r = 0; r < R; r++) {
+            for (int r = 0; r < R; r += P) {
                 const int8_t *xb = xq + r * K + b * QK;
-                __m512i sum = _mm512_setzero_si512();
-                for (int j = 0; j < 8; j++) sum = _mm512_dpbusd_epi32(sum, wu[j], bcast4x16(xb + 4 * j));
-                sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * xsum[r * nb + b]));
+                __m512i isum = q8_0_dot16(wu, xb);
+                if (P == 2) isum = split_combine16(isum, q8_0_dot16(wu, xb + K));
+                isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(128 * xsum[r * nb + b]));
                 const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nb + b]));
-                acc[r] = _mm512_mask_mov_ps(acc[r], kept_lanes16(_mm512_set1_ps(xd[r * nb + b])),
-                                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[r]));
+                acc[r / P] = _mm512_mask_mov_ps(acc[r / P], kept_lanes16(_mm512_set1_ps(xd[r * nb + b])),
+                                                _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[r / P]));
             }
         }
     }
-    store_pair_rows(acc, R, out_a, out_b);
+    store_pair_rows(acc, R / P, out_a, out_b);
 }
 #endif
 
@@ -452,52 +497,49 @@ static inline __attribute__((always_inline)) void tile_block(const int32_t W, co
 #undef TILE_BLOCK
 }
 
-/* Block b's sums of R rows into acc, with the 512-bit path's float steps (scale_block16; Q4_1
- * adds its min as Q5_1 does). W a constant. */
+/* Block b's sums of R int8 rows (R / P rows of y) into acc, with the 512-bit path's float steps
+ * (scale_block16; Q4_1 adds its min as Q5_1 does). W and P constants. */
 static inline __attribute__((always_inline)) void scale_tile_block(
         const int32_t W, const int32_t (*sums)[2 * ROWS], __m512 dw, __m512 mw, const float *xd, const float *xs,
-        const int32_t *xsum, int64_t nb, int64_t b, const int R, __m512 *acc) {
+        const int32_t *xsum, int64_t nb, int64_t b, const int R, const int P, __m512 *acc) {
     const int32_t offset = FORMATS[W].offset;
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < R; r += P) {
         __m512i isum = _mm512_load_si512(sums[r]);
+        if (P == 2) isum = split_combine16(isum, _mm512_load_si512(sums[r + 1]));
         if (offset) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(offset * xsum[r * nb + b]));
-        __m512 kept = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nb + b])), acc[r]);
+        __m512 kept = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nb + b])),
+                                      acc[r / P]);
         if (is_k_quant(W)) kept = _mm512_fnmadd_ps(mw, _mm512_set1_ps(xs[r * nb + b]), kept);
         else if (W == WTYPE_Q5_1 || W == WTYPE_Q4_1) kept = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[r * nb + b]), kept);
-        acc[r] = _mm512_mask_mov_ps(acc[r], kept_lanes16(_mm512_set1_ps(xd[r * nb + b])), kept);
+        acc[r / P] = _mm512_mask_mov_ps(acc[r / P], kept_lanes16(_mm512_set1_ps(xd[r * nb + b])), kept);
     }
 }
 
 /* Up to 16 int8 rows of x (xq holds 16 readable rows) against a pair whose tiles are built.
- * The tiles compute block b + 1 while the vector units scale block b. W and (for full tiles) R
- * constants: the 16 accumulators then stay in registers. */
+ * The tiles compute block b + 1 while the vector units scale block b. W, P and (for full tiles)
+ * R constants: the accumulators then stay in registers. */
 static inline __attribute__((always_inline)) void pair_tile_amx(
         const int32_t W, const struct pair_tiles *t, int64_t nb, const int8_t *xq, int64_t K, const float *xd,
-        const float *xs, const int32_t *xsum, const int R, float out_a[][ROWS], float out_b[][ROWS]) {
+        const float *xs, const int32_t *xsum, const int R, const int P, float out_a[][ROWS], float out_b[][ROWS]) {
     int32_t sums[2][AMX_ROWS][2 * ROWS] __attribute__((aligned(64)));
     __m512 acc[AMX_ROWS];
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int r = 0; r < R / P; r++) acc[r] = _mm512_setzero_ps();
     tile_block(W, t->b, xq, K, 0, sums[0]);
     for (int64_t b = 0; b < nb; b++) {
         if (b + 1 < nb) tile_block(W, t->b, xq, K, b + 1, sums[(b + 1) & 1]);
         scale_tile_block(W, (const int32_t (*)[2 * ROWS])sums[b & 1], _mm512_load_ps(t->dw + 16 * b),
-                         _mm512_load_ps(t->mw + 16 * b), xd, xs, xsum, nb, b, R, acc);
+                         _mm512_load_ps(t->mw + 16 * b), xd, xs, xsum, nb, b, R, P, acc);
     }
-    store_pair_rows(acc, R, out_a, out_b);
+    store_pair_rows(acc, R / P, out_a, out_b);
 }
 #else
 EMBER_EXPORT int ember_amx_ready(void) { return 0; }
 #endif
 
-/* With two passes, tile rows 2i and 2i+1 are one row of x quantized twice: their sum is its output. */
-static void store_tile(float out[][ROWS], int R, int32_t passes, int64_t n0, int64_t N, float *y, int64_t ldy) {
+/* A tile's outputs: R int8 rows of x are R / P rows of y (two passes: a row pair is one row). */
+static void store_tile(float out[][ROWS], int R, int32_t P, int64_t n0, int64_t N, float *y, int64_t ldy) {
     const int64_t count = N - n0 < ROWS ? N - n0 : ROWS;
-    if (passes == 1) {
-        for (int r = 0; r < R; r++) memcpy(y + r * ldy + n0, out[r], sizeof(float) * (size_t)count);
-        return;
-    }
-    for (int r = 0; r + 1 < R; r += 2)
-        for (int64_t n = 0; n < count; n++) y[(r / 2) * ldy + n0 + n] = out[r][n] + out[r + 1][n];
+    for (int r = 0; r < R / P; r++) memcpy(y + r * ldy + n0, out[r], sizeof(float) * (size_t)count);
 }
 
 /* The rows left after the full tiles of MR, one instantiation per count (R a constant). */
@@ -515,9 +557,10 @@ static struct quantized_x x_from(const struct quantized_x *x, int64_t m) {
     return at;
 }
 
-/* Groups [g0, g1) of an unsigned-value format W against rows [m0, m1) of x; W a constant. */
+/* Groups [g0, g1) of an unsigned-value format W against int8 rows [m0, m1) of x; W and P (the
+ * passes) constants. */
 static inline __attribute__((always_inline)) void format_groups(
-        const int32_t W, const uint8_t *w, const struct quantized_x *x, int32_t passes, int64_t m0, int64_t m1,
+        const int32_t W, const uint8_t *w, const struct quantized_x *x, const int32_t P, int64_t m0, int64_t m1,
         int64_t g0, int64_t g1, int64_t N, float *y, int64_t ldy) {
     const int64_t group_bytes = (x->nb / FORMATS[W].blocks) * record_bytes(W);
     float out[MR][ROWS];
@@ -529,9 +572,9 @@ static inline __attribute__((always_inline)) void format_groups(
         int64_t m = m0;
 #define PAIR(R) do { const struct quantized_x at = x_from(x, m); \
                      group_pair_tile_formats(gw, gw + group_bytes, W, x->nb, at.q, x->K, at.d, at.s, at.sum, \
-                                             at.sum_lo, R, out, out_b); \
-                     store_tile(out, R, passes, g * ROWS, N, y + (m / passes) * ldy, ldy); \
-                     store_tile(out_b, R, passes, (g + 1) * ROWS, N, y + (m / passes) * ldy, ldy); } while (0)
+                                             at.sum_lo, R, P, out, out_b); \
+                     store_tile(out, R, P, g * ROWS, N, y + (m / P) * ldy, ldy); \
+                     store_tile(out_b, R, P, (g + 1) * ROWS, N, y + (m / P) * ldy, ldy); } while (0)
         for (; m + MR <= m1; m += MR) PAIR(MR);
         TAIL_TILES(m1 - m, PAIR);
 #undef PAIR
@@ -542,12 +585,12 @@ static inline __attribute__((always_inline)) void format_groups(
         int64_t m = m0;
 #if defined(__AVX2__) || defined(EMBER_NEON)
 #define TILE(R) do { const struct quantized_x at = x_from(x, m); \
-                     group_tile_formats(gw, W, x->nb, at.q, x->K, at.d, at.s, at.sum, at.sum_lo, R, out); \
-                     store_tile(out, R, passes, g * ROWS, N, y + (m / passes) * ldy, ldy); } while (0)
+                     group_tile_formats(gw, W, x->nb, at.q, x->K, at.d, at.s, at.sum, at.sum_lo, R, P, out); \
+                     store_tile(out, R, P, g * ROWS, N, y + (m / P) * ldy, ldy); } while (0)
 #else
 #define TILE(R) do { const struct quantized_x at = x_from(x, m); \
-                     group_tile_formats_portable(gw, W, x->nb, at.q, x->K, at.d, at.s, R, out); \
-                     store_tile(out, R, passes, g * ROWS, N, y + (m / passes) * ldy, ldy); } while (0)
+                     group_tile_formats_portable(gw, W, x->nb, at.q, x->K, at.d, at.s, at.sum, at.sum_lo, R, P, out); \
+                     store_tile(out, R, P, g * ROWS, N, y + (m / P) * ldy, ldy); } while (0)
 #endif
         for (; m + MR <= m1; m += MR) TILE(MR);
         TAIL_TILES(m1 - m, TILE);
@@ -557,24 +600,25 @@ static inline __attribute__((always_inline)) void format_groups(
 
 static void groups_against_x_formats(const uint8_t *w, int32_t wtype, const struct quantized_x *x, int32_t passes,
                                      int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t N, float *y, int64_t ldy) {
+#define FORMAT(W) do { if (passes == 2) format_groups(W, w, x, 2, m0, m1, g0, g1, N, y, ldy); \
+                       else format_groups(W, w, x, 1, m0, m1, g0, g1, N, y, ldy); } while (0)
     switch (wtype) {
-    case WTYPE_Q4_K: format_groups(WTYPE_Q4_K, w, x, passes, m0, m1, g0, g1, N, y, ldy); break;
-    case WTYPE_Q5_K: format_groups(WTYPE_Q5_K, w, x, passes, m0, m1, g0, g1, N, y, ldy); break;
-    case WTYPE_Q6_K: format_groups(WTYPE_Q6_K, w, x, passes, m0, m1, g0, g1, N, y, ldy); break;
-    case WTYPE_Q5_0: format_groups(WTYPE_Q5_0, w, x, passes, m0, m1, g0, g1, N, y, ldy); break;
-    case WTYPE_Q5_1: format_groups(WTYPE_Q5_1, w, x, passes, m0, m1, g0, g1, N, y, ldy); break;
-    case WTYPE_Q4_0: format_groups(WTYPE_Q4_0, w, x, passes, m0, m1, g0, g1, N, y, ldy); break;
+    case WTYPE_Q4_K: FORMAT(WTYPE_Q4_K); break;
+    case WTYPE_Q5_K: FORMAT(WTYPE_Q5_K); break;
+    case WTYPE_Q6_K: FORMAT(WTYPE_Q6_K); break;
+    case WTYPE_Q5_0: FORMAT(WTYPE_Q5_0); break;
+    case WTYPE_Q5_1: FORMAT(WTYPE_Q5_1); break;
+    case WTYPE_Q4_0: FORMAT(WTYPE_Q4_0); break;
     default: break;
     }
+#undef FORMAT
 }
 
-/* Groups [g0, g1) of 8 weight rows against rows [m0, m1) of x; in pairs where the ISA has them. */
-static void groups_against_x(const uint8_t *w, int32_t wtype, const struct quantized_x *x, int32_t passes,
-                             int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t N, float *y, int64_t ldy) {
-    if (is_unsigned_format(wtype)) {
-        groups_against_x_formats(w, wtype, x, passes, m0, m1, g0, g1, N, y, ldy);
-        return;
-    }
+/* Groups [g0, g1) of Q8_0 / Q4_1 against int8 rows [m0, m1) of x, in pairs where the ISA has
+ * them; P (the passes) a constant. */
+static inline __attribute__((always_inline)) void q8_groups(
+        const uint8_t *w, int32_t wtype, const struct quantized_x *x, const int32_t P, int64_t m0, int64_t m1,
+        int64_t g0, int64_t g1, int64_t N, float *y, int64_t ldy) {
     const int64_t nb = x->nb, K = x->K, group_bytes = nb * record_bytes(wtype);
     const int8_t *xq = x->q;
     const float *xd = x->d, *xs = x->s;
@@ -587,9 +631,9 @@ static void groups_against_x(const uint8_t *w, int32_t wtype, const struct quant
         const uint8_t *gw = w + g * group_bytes;
         int64_t m = m0;
 #define PAIR(R) do { group_pair_tile(gw, gw + group_bytes, wtype, nb, xq + m * K, K, xd + m * nb, \
-                                     xs + m * nb, xsum + m * nb, R, out, out_b); \
-                     store_tile(out, R, passes, g * ROWS, N, y + (m / passes) * ldy, ldy); \
-                     store_tile(out_b, R, passes, (g + 1) * ROWS, N, y + (m / passes) * ldy, ldy); } while (0)
+                                     xs + m * nb, xsum + m * nb, R, P, out, out_b); \
+                     store_tile(out, R, P, g * ROWS, N, y + (m / P) * ldy, ldy); \
+                     store_tile(out_b, R, P, (g + 1) * ROWS, N, y + (m / P) * ldy, ldy); } while (0)
         for (; m + MR <= m1; m += MR) PAIR(MR);
         TAIL_TILES(m1 - m, PAIR);
 #undef PAIR
@@ -598,12 +642,19 @@ static void groups_against_x(const uint8_t *w, int32_t wtype, const struct quant
     for (; g < g1; g++) {
         const uint8_t *gw = w + g * group_bytes;
         int64_t m = m0;
-#define TILE(R) do { group_tile(gw, wtype, nb, xq + m * K, K, xd + m * nb, xs + m * nb, R, out); \
-                     store_tile(out, R, passes, g * ROWS, N, y + (m / passes) * ldy, ldy); } while (0)
+#define TILE(R) do { group_tile(gw, wtype, nb, xq + m * K, K, xd + m * nb, xs + m * nb, R, P, out); \
+                     store_tile(out, R, P, g * ROWS, N, y + (m / P) * ldy, ldy); } while (0)
         for (; m + MR <= m1; m += MR) TILE(MR);
         TAIL_TILES(m1 - m, TILE);
 #undef TILE
     }
+}
+
+static void groups_against_x(const uint8_t *w, int32_t wtype, const struct quantized_x *x, int32_t passes,
+                             int64_t m0, int64_t m1, int64_t g0, int64_t g1, int64_t N, float *y, int64_t ldy) {
+    if (is_unsigned_format(wtype)) groups_against_x_formats(w, wtype, x, passes, m0, m1, g0, g1, N, y, ldy);
+    else if (passes == 2) q8_groups(w, wtype, x, 2, m0, m1, g0, g1, N, y, ldy);
+    else q8_groups(w, wtype, x, 1, m0, m1, g0, g1, N, y, ldy);
 }
 
 struct matmul_job {
@@ -613,9 +664,9 @@ struct matmul_job {
 
 #if defined(AMX_TILES)
 /* Groups [g0, g1) of format W against every row of x, each pair's tiles built once for all its
- * tiles A. */
-static inline __attribute__((always_inline)) int format_groups_amx(const int32_t W, const struct matmul_job *j,
-                                                                   int64_t g0, int64_t g1) {
+ * tiles A; W and P (the passes) constants. */
+static inline __attribute__((always_inline)) int format_groups_amx(const int32_t W, const int32_t P,
+                                                                   const struct matmul_job *j, int64_t g0, int64_t g1) {
     const int64_t nb = j->x.nb, group_bytes = (nb / FORMATS[W].blocks) * record_bytes(W);
     uint8_t *buffer = aligned_alloc(64, (size_t)(nb * (512 + 2 * 64)));
     if (!buffer) return 0;
@@ -629,11 +680,11 @@ static inline __attribute__((always_inline)) int format_groups_amx(const int32_t
         for (int64_t m = 0; m < j->rows; m += AMX_ROWS) {
             const int R = j->rows - m < AMX_ROWS ? (int)(j->rows - m) : AMX_ROWS;
             const struct quantized_x at = x_from(&j->x, m);
-            if (R == AMX_ROWS) pair_tile_amx(W, &t, nb, at.q, j->x.K, at.d, at.s, at.sum, AMX_ROWS, out, out_b);
-            else pair_tile_amx(W, &t, nb, at.q, j->x.K, at.d, at.s, at.sum, R, out, out_b);
-            float *y = j->y + (m / j->passes) * j->ldy;
-            store_tile(out, R, j->passes, g * ROWS, j->N, y, j->ldy);
-            store_tile(out_b, R, j->passes, (g + 1) * ROWS, j->N, y, j->ldy);
+            if (R == AMX_ROWS) pair_tile_amx(W, &t, nb, at.q, j->x.K, at.d, at.s, at.sum, AMX_ROWS, P, out, out_b);
+            else pair_tile_amx(W, &t, nb, at.q, j->x.K, at.d, at.s, at.sum, R, P, out, out_b);
+            float *y = j->y + (m / P) * j->ldy;
+            store_tile(out, R, P, g * ROWS, j->N, y, j->ldy);
+            store_tile(out_b, R, P, (g + 1) * ROWS, j->N, y, j->ldy);
         }
     }
     free(buffer);
@@ -642,16 +693,18 @@ static inline __attribute__((always_inline)) int format_groups_amx(const int32_t
 }
 
 static int groups_amx(const struct matmul_job *j, int64_t g0, int64_t g1) {
+#define AMX(W) (j->passes == 2 ? format_groups_amx(W, 2, j, g0, g1) : format_groups_amx(W, 1, j, g0, g1))
     switch (j->wtype) {
-    case WTYPE_Q8_0: return format_groups_amx(WTYPE_Q8_0, j, g0, g1);
-    case WTYPE_Q4_1: return format_groups_amx(WTYPE_Q4_1, j, g0, g1);
-    case WTYPE_Q4_K: return format_groups_amx(WTYPE_Q4_K, j, g0, g1);
-    case WTYPE_Q5_K: return format_groups_amx(WTYPE_Q5_K, j, g0, g1);
-    case WTYPE_Q5_0: return format_groups_amx(WTYPE_Q5_0, j, g0, g1);
-    case WTYPE_Q5_1: return format_groups_amx(WTYPE_Q5_1, j, g0, g1);
-    case WTYPE_Q4_0: return format_groups_amx(WTYPE_Q4_0, j, g0, g1);
+    case WTYPE_Q8_0: return AMX(WTYPE_Q8_0);
+    case WTYPE_Q4_1: return AMX(WTYPE_Q4_1);
+    case WTYPE_Q4_K: return AMX(WTYPE_Q4_K);
+    case WTYPE_Q5_K: return AMX(WTYPE_Q5_K);
+    case WTYPE_Q5_0: return AMX(WTYPE_Q5_0);
+    case WTYPE_Q5_1: return AMX(WTYPE_Q5_1);
+    case WTYPE_Q4_0: return AMX(WTYPE_Q4_0);
     default: return 0;                       /* Q6_K: amx_serves() keeps it on the 512-bit path */
     }
+#undef AMX
 }
 #endif
 
@@ -677,33 +730,71 @@ static void matmul_tasks(void *ctx, int64_t begin, int64_t end) {
     }
 }
 
-/* Two int8 passes: row 2m holds x's blocks, row 2m+1 those of the residual x - dequant(row 2m),
- * so that x ~ d1 q1 + d2 q2 (about 14 bits); store_tile sums the two rows' results. A block whose
- * d1^2 is below threshold * the row's mean d1^2 keeps a zero second pass (d2 = 0: skipped). */
+/* Two passes, x to 16 bits: row 2m holds each block's hi, row 2m+1 its lo (q = SPLIT_BASE hi + lo).
+ * The pair's block scale, sums and d * sum q (over the 16-bit q) are row 2m's entries; row 2m+1's
+ * d is d again where the block keeps its lo and 0 where the threshold drops it (lo all zero: a
+ * skip mark for the paths that branch), its other entries 0. A non-finite block: row 2m's d and s
+ * NaN, q 0. A block too small for 1 / d to be finite is a zero block. */
+static void quantize_split_block(const float *xb, int keep_lo, int8_t *hi, int8_t *lo, float *d_out, float *s_out,
+                                 int32_t *sum_out, int32_t *sum_lo_out, float *d_lo_out) {
+    float amax = 0.0f;
+    int finite = 1;
+    for (int i = 0; i < QK; i++) {
+        float a = xb[i] < 0 ? -xb[i] : xb[i];
+        amax = a > amax ? a : amax;
+        finite &= a <= 3.402823466e38f;
+    }
+    memset(hi, 0, QK);
+    memset(lo, 0, QK);
+    *sum_out = *sum_lo_out = 0;
+    *d_lo_out = 0.0f;
+    if (!finite) {
+        *d_out = *s_out = __builtin_nanf("");
+        return;
+    }
+    const float d = amax / (float)(SPLIT_BASE * 127 + 127);
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    if (!(id <= 3.402823466e38f)) {
+        *d_out = *s_out = 0.0f;
+        return;
+    }
+    int32_t sum = 0;
+    for (int i = 0; i < QK; i++) {
+        const int32_t q = (int32_t)__builtin_rintf(xb[i] * id);
+        const int32_t h = (q + 127 + SPLIT_BASE * 128) / SPLIT_BASE - 128;   /* floor((q + 127) / 255) */
+        hi[i] = (int8_t)h;
+        lo[i] = keep_lo ? (int8_t)(q - SPLIT_BASE * h) : 0;
+        sum += SPLIT_BASE * h + lo[i];
+        if (i == QK / 2 - 1) *sum_lo_out = sum;
+    }
+    *d_out = d;
+    *s_out = d * (float)sum;
+    *sum_out = sum;
+    *d_lo_out = keep_lo ? d : 0.0f;
+}
+
 static void quantize_two_pass_rows(void *ctx, int64_t begin, int64_t end) {
     const struct quantize_job *job = ctx;
     const int64_t K = job->K, nb = K / QK;
-    float residual[QK];
     for (int64_t m = begin; m < end; m++) {
         const float *x = job->x + m * job->ldx;
-        int8_t *q1 = job->xq + 2 * m * K;
-        float *d1 = job->xd + 2 * m * nb, *s1 = job->xs + 2 * m * nb;
-        int32_t *sum1 = job->xsum + 2 * m * nb, *lo1 = job->xsum_lo + 2 * m * nb;
+        int8_t *q = job->xq + 2 * m * K;
+        float *d = job->xd + 2 * m * nb, *s = job->xs + 2 * m * nb;
+        int32_t *sum = job->xsum + 2 * m * nb, *sum_lo = job->xsum_lo + 2 * m * nb;
         double mean_square = 0.0;
         for (int64_t b = 0; b < nb; b++) {
-            quantize_block(x + b * QK, q1 + b * QK, d1 + b, s1 + b, sum1 + b, lo1 + b);
-            mean_square += (double)d1[b] * (double)d1[b];
+            float amax = 0.0f;
+            for (int i = 0; i < QK; i++) amax = fabsf(x[b * QK + i]) > amax ? fabsf(x[b * QK + i]) : amax;
+            d[nb + b] = amax / 127.0f;             /* row 2m+1's d: scratch until the block is quantized */
+            mean_square += (double)d[nb + b] * (double)d[nb + b];
         }
         const double cut = job->threshold * (mean_square / (double)nb);
         for (int64_t b = 0; b < nb; b++) {
-            if ((double)d1[b] * (double)d1[b] < cut) {
-                memset(q1 + K + b * QK, 0, QK);
-                d1[nb + b] = s1[nb + b] = 0.0f;
-                sum1[nb + b] = lo1[nb + b] = 0;
-                continue;
-            }
-            for (int i = 0; i < QK; i++) residual[i] = x[b * QK + i] - (float)q1[b * QK + i] * d1[b];
-            quantize_block(residual, q1 + K + b * QK, d1 + nb + b, s1 + nb + b, sum1 + nb + b, lo1 + nb + b);
+            const int keep_lo = (double)d[nb + b] * (double)d[nb + b] >= cut;
+            quantize_split_block(x + b * QK, keep_lo, q + b * QK, q + K + b * QK, d + b, s + b, sum + b, sum_lo + b,
+                                 d + nb + b);
+            s[nb + b] = 0.0f;
+            sum[nb + b] = sum_lo[nb + b] = 0;
         }
     }
 }

@@ -111,14 +111,14 @@ class EngineConfig:
     # weight_cache.py): auto = $EMBER_WEIGHT_CACHE, else ~/.cache/ember-cupy/packed-weights; off;
     # or a directory. The first load packs into a file there, later ones map it.
     weight_cache: str = "auto"
-    # Quantized matmuls quantize their input to int8 blocks: 2 passes (the values, then their
-    # residual: ~14 bits) or 1 (llama.cpp's scheme: up to 2x faster prefill and batched decode,
-    # top-1 agreement down to 89.5% with fp32 on the reference fixtures). The second pass covers
-    # the blocks whose d^2 >= second_pass_threshold x the row's mean d^2. 0 takes every block:
-    # teacher-forced fixtures 99.9% top-1 agreement, worst prompt 98.9%, max KL 1.1e-5. The SIMD
-    # and AMX paths compute every block's second pass and drop the skipped ones by a lane mask (a
-    # branch on x's blocks mispredicts), so a higher threshold (0.35: about half the blocks; 99.1%,
-    # worst 96.8%, max KL 5.4e-3) saves integer work only on the portable and NEON paths.
+    # Quantized matmuls quantize their input x in blocks of 32: 2 passes (x to 16 bits, held as two
+    # int8 rows q = 255 hi + lo whose dot products the kernels combine exactly before one float
+    # scaling) or 1 (llama.cpp's int8 scheme: up to 2x faster prefill and batched decode, top-1
+    # agreement down to 89.5% with fp32 on the reference fixtures). The 16 bits cover the blocks
+    # whose d^2 >= second_pass_threshold x the row's mean d^2 (d = max|x| / 127); the others keep
+    # 255 hi alone (about int8). 0 takes every block (fidelity: docs/cpu.md). Only the portable
+    # and NEON paths skip a dropped block's lo row; the SIMD and AMX paths compute it anyway (a
+    # branch on x's blocks mispredicts), so a higher threshold there saves no time.
     activation_passes: int = 2
     second_pass_threshold: float = 0.0
     # Storage of the K/V pools: auto = float16 on the NumPy backend with host kernels (half the

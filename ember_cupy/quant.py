@@ -120,10 +120,11 @@ def concat_rows(parts: list[QuantizedTensor]) -> QuantizedTensor:
 
 @dataclass(frozen=True)
 class ActivationQuantization:
-    """How the host's quantized matmul quantizes its input x to int8 blocks of 32 (cpu/matmul_q.c).
-    passes=1: once (llama.cpp's scheme). passes=2: the residual x - d q is quantized again (x to
-    ~14 bits) in the blocks that carry most of a row's rounding error, those whose d^2 is at least
-    `second_pass_threshold` times the row's mean d^2 (0: every block); the others skip it."""
+    """How the host's quantized matmul quantizes its input x, in blocks of 32 (cpu/matmul_q.c).
+    passes=1: to int8 (llama.cpp's scheme). passes=2: to 16 bits, held as two int8 rows q = 255 hi
+    + lo whose dot products the kernels combine exactly, in the blocks that carry most of a row's
+    rounding error, those whose d^2 (of the int8 scale) is at least `second_pass_threshold` times
+    the row's mean d^2 (0: every block); the others keep 255 hi alone (about int8)."""
     passes: int = 1
     second_pass_threshold: float = 0.0
 
@@ -136,22 +137,35 @@ class ActivationQuantization:
 ONE_PASS = ActivationQuantization()
 
 
+SPLIT_BASE = 255                  # two passes: q = SPLIT_BASE hi + lo, hi and lo int8 within +-127
+SPLIT_LEVELS = SPLIT_BASE * 127 + 127
+
+
 def fake_quantize_activations(x: np.ndarray, scheme: ActivationQuantization = ONE_PASS) -> np.ndarray:
-    """x [M, K] float32 through the kernels' int8 activation blocks and back: per 32 values
-    d = max|x| / 127, q = rint(x / d) (as x * (1/d), the kernels' exact float32 steps); with two
-    passes, plus the residual quantized the same way in the blocks the threshold selects."""
+    """x [M, K] float32 through the kernels' activation blocks and back: per 32 values
+    d = max|x| / levels, q = rint(x / d) (as x * (1/d), the kernels' exact float32 steps), levels
+    127 (one pass) or SPLIT_LEVELS (two passes; q as 255 hi alone in the blocks the threshold
+    leaves out, hi = floor((q + 127) / 255))."""
     rows, cols = x.shape
     blocks = np.ascontiguousarray(x, dtype=np.float32).reshape(rows, cols // BLOCK, BLOCK)
-    d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127.0)
-    with np.errstate(divide="ignore"):
-        inverse = np.where(d != 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
-    first = (np.rint(blocks * inverse) * d).reshape(rows, cols)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
     if scheme.passes == 1:
-        return first
-    square = d[..., 0].astype(np.float64) ** 2
-    second_pass = square >= scheme.second_pass_threshold * square.mean(axis=1, keepdims=True)
-    residual = np.where(np.repeat(second_pass, BLOCK, axis=1), fake_quantize_activations(x - first), 0.0)
-    return first.astype(np.float64) + residual
+        d = amax / np.float32(127.0)
+        return (np.rint(blocks * _inverse(d)) * d).reshape(rows, cols)
+    d = amax / np.float32(SPLIT_LEVELS)
+    inverse = _inverse(d)
+    tiny = np.isinf(inverse)                      # 1 / d overflows: the kernels' zero block
+    q = np.rint(blocks * np.where(tiny, np.float32(0.0), inverse))
+    square = (amax[..., 0] / np.float32(127.0)).astype(np.float64) ** 2
+    kept = square >= scheme.second_pass_threshold * square.mean(axis=1, keepdims=True)
+    hi_only = SPLIT_BASE * np.floor((q + 127) / SPLIT_BASE)
+    q = np.where(kept[..., None], q, hi_only)
+    return (q.astype(np.float64) * np.where(tiny, 0.0, d)).reshape(rows, cols)
+
+
+def _inverse(d: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", over="ignore"):
+        return np.where(d != 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
 
 
 @dataclass(frozen=True)

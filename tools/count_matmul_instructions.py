@@ -56,7 +56,7 @@ def probe_source() -> str:
             lines.append(f"__attribute__((noinline)) void probe_{name}_r{rows}(const uint8_t *g, int64_t nb, "
                          "const int8_t *xq, int64_t K, const float *xd, const float *xs, const int32_t *xsum, "
                          "const int32_t *xsum_lo, float out[MR][ROWS]) {\n"
-                         f"    group_tile_neon(g, {code}, nb, xq, K, xd, xs, xsum, xsum_lo, {rows}, out);\n}}")
+                         f"    group_tile_neon(g, {code}, nb, xq, K, xd, xs, xsum, xsum_lo, {rows}, 1, out);\n}}")
             calls.append(f"    {{ uint8_t *g = calloc((size_t)(nb / FORMATS[{code}].blocks "
                          f"* record_bytes({code})), 1);\n"
                          f"      probe_{name}_r{rows}(g, nb, xq, K, xd, xs, xsum, xsum_lo, out); free(g); }}")

@@ -51,10 +51,11 @@ def engine_flags(parser: argparse.ArgumentParser) -> None:
                   "no packing, one copy shared by every server of the model; the 4 most recently used models "
                   "are kept), off, or a directory")
     add_flag(g, "--activation-passes", type=int, choices=(1, 2), default=2,
-             help="int8 passes over a quantized matmul's input: 2 = value + residual (~14 bits, faithful), "
+             help="int8 rows per row of a quantized matmul's input: 2 = x to 16 bits as 255 hi + lo (faithful), "
                   "1 = llama.cpp's single pass (faster batches, less faithful); CuPy: weight-only, unused")
     add_flag(g, "--second-pass-threshold", type=float, default=EngineConfig.second_pass_threshold,
-             help="with 2 activation passes: blocks whose d^2 >= this x the row's mean d^2 get the second (0 = all)")
+             help="with 2 activation passes: blocks whose d^2 >= this x the row's mean d^2 get 16 bits, the "
+                  "others about 8 (0 = all)")
     add_flag(g, "--deterministic", action="store_true", default=False,
              help="CuPy: the same token ids and logprobs for a request whatever the batch, prefix-cache hits or "
                   "chunk splits, at a cost in speed (every attention row through the decode kernel, every "
