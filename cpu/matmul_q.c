@@ -390,152 +390,6 @@ static inline __attribute__((always_inline)) void group_pair_tile(
 #include "matmul_neon.h"
 #endif
 
-#if defined(PAIRED_GROUPS) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
-/* AMX: a weight-group pair's block is one tile B (8 rows of 64 bytes: row k4 holds k = 4 k4..4 k4+3
- * of the 16 weight rows, which is how the packed chunks already lie), 16 int8 rows of x are tile A
- * (their rows as quantized, stride K), and tile C = A B holds the block's exact int32 sums for 16 x
- * 16 outputs. They are then scaled with the 512-bit path's float steps in its order: the same bits.
- * Q6_K, whose blocks have two scales, stays on the 512-bit path.
- * Linux lends the tile registers to a process that asks (arch_prctl); where it refuses, the
- * 512-bit path runs. */
-#include <sys/syscall.h>
-#include <unistd.h>
-#define AMX_TILES 1
-#define AMX_ROWS 16                  /* int8 rows of x per tile A */
-#define AMX_MIN_ROWS 8               /* fewer rows: the 512-bit path is faster */
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-/* Tile register numbers (literals, for the intrinsics' asm): two sets, so that the tiles of block
- * b + 1 load and multiply while block b's sums are stored. */
-#define TILE_C0 0
-#define TILE_A0 1
-#define TILE_B0 2
-#define TILE_C1 3
-#define TILE_A1 4
-#define TILE_B1 5
-
-struct tile_config { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; };
-
-static int amx_permission(void) {                /* 1 granted, -1 refused; asked once */
-    static int state = 0;
-    int seen = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
-    if (!seen) {
-        seen = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
-        __atomic_store_n(&state, seen, __ATOMIC_RELEASE);
-    }
-    return seen;
-}
-
-EMBER_EXPORT int ember_amx_ready(void) { return amx_permission() > 0; }
-
-static int amx_serves(int32_t wtype) { return wtype != WTYPE_Q6_K; }
-
-static void configure_tiles(void) {           /* per thread: the tile shapes stay loaded */
-    static __thread int configured = 0;
-    if (configured) return;
-    struct tile_config config;
-    memset(&config, 0, sizeof config);
-    config.palette = 1;
-    for (int set = 0; set < 2; set++) {
-        const int c = set ? TILE_C1 : TILE_C0, a = set ? TILE_A1 : TILE_A0, b = set ? TILE_B1 : TILE_B0;
-        config.rows[c] = AMX_ROWS; config.colsb[c] = 2 * ROWS * 4;
-        config.rows[a] = AMX_ROWS; config.colsb[a] = QK;
-        config.rows[b] = QK / 4;   config.colsb[b] = 2 * ROWS * 4;
-    }
-    _tile_loadconfig(&config);
-    configured = 1;
-}
-
-/* A pair of groups as the tiles read it, built once for all its tiles A: each block's tile B (512
- * bytes: Q4_1's nibbles unpacked, chunk c's low nibbles are k4 = 2c, its high nibbles k4 = 2c + 1;
- * Q8_0's chunks as they are; the other formats' values decoded, V_j is row k4 = j) and the block's
- * weight scales dw and mw of the 16 rows (pair_scales), so that the per-tile loop only scales. */
-struct pair_tiles { uint8_t *b; float *dw, *mw; };
-
-static void build_pair_tiles(const uint8_t *ga, const uint8_t *gb, int32_t wtype, int64_t nb,
-                             const struct pair_tiles *t) {
-    const int64_t rb = record_bytes(wtype);
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *ra = ga + b * rb, *rc = gb + b * rb;
-        __m512i *tile = (__m512i *)(t->b + b * 512);
-        __m512 dw, mw = _mm512_setzero_ps();
-        if (is_unsigned_format(wtype)) {
-            __m512i v[8];
-            decode_values16(body_of(ga, wtype, b), body_of(gb, wtype, b), FORMATS[wtype].high_bits, v);
-            for (int j = 0; j < 8; j++) _mm512_store_si512(tile + j, v[j]);
-            const uint8_t *rec_a = record_of(ga, wtype, b), *rec_b = record_of(gb, wtype, b);
-            __m512 d, m;
-            record_scales(rec_a, rec_b, wtype, &d, &m);
-            pair_scales(rec_a, rec_b, wtype, (int)(b % FORMATS[wtype].blocks), d, m, &dw, &mw);
-        } else if (wtype == WTYPE_Q4_1) {
-            for (int c = 0; c < 4; c++) unpack_q4_chunk(ra, rc, c, tile + 2 * c, tile + 2 * c + 1);
-            dw = load_f16x16(ra, rc);
-            mw = load_f16x16(ra + 16, rc + 16);
-        } else {
-            for (int j = 0; j < 8; j++) _mm512_store_si512(tile + j, load_pair(ra + 16 + 32 * j, rc + 16 + 32 * j));
-            dw = load_f16x16(ra, rc);
-        }
-        _mm512_store_ps(t->dw + 16 * b, dw);
-        _mm512_store_ps(t->mw + 16 * b, mw);
-    }
-}
-
-/* Block b's int32 sums of 16 x rows against the pair, into sums (16 rows of 16); the two tile
- * sets alternate with b. W a constant. */
-static inline __attribute__((always_inline)) void tile_block(const int32_t W, const uint8_t *tiles,
-                                                             const int8_t *xq, int64_t K, int64_t b,
-                                                             int32_t sums[AMX_ROWS][2 * ROWS]) {
-#define TILE_BLOCK(C, A, B) do { \
-        _tile_loadd(A, xq + b * QK, K); \
-        _tile_loadd(B, tiles + b * 512, 64); \
-        _tile_zero(C); \
-        if (W == WTYPE_Q8_0) _tile_dpbssd(C, A, B); \
-        else _tile_dpbsud(C, A, B);                   /* signed x, unsigned values */ \
-        _tile_stored(C, sums, 64); } while (0)
-    if (b & 1) TILE_BLOCK(TILE_C1, TILE_A1, TILE_B1);
-    else TILE_BLOCK(TILE_C0, TILE_A0, TILE_B0);
-#undef TILE_BLOCK
-}
-
-/* Block b's sums of R int8 rows (R / P rows of y) into acc, with the 512-bit path's float steps
- * (scale_block16; Q4_1 adds its min as Q5_1 does). W and P constants. */
-static inline __attribute__((always_inline)) void scale_tile_block(
-        const int32_t W, const int32_t (*sums)[2 * ROWS], __m512 dw, __m512 mw, const float *xd, const float *xs,
-        const int32_t *xsum, int64_t nb, int64_t b, const int R, const int P, __m512 *acc) {
-    const int32_t offset = FORMATS[W].offset;
-    for (int r = 0; r < R; r += P) {
-        __m512i isum = _mm512_load_si512(sums[r]);
-        if (P == 2) isum = split_combine16(isum, _mm512_load_si512(sums[r + 1]));
-        if (offset) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(offset * xsum[r * nb + b]));
-        __m512 kept = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nb + b])),
-                                      acc[r / P]);
-        if (is_k_quant(W)) kept = _mm512_fnmadd_ps(mw, _mm512_set1_ps(xs[r * nb + b]), kept);
-        else if (W == WTYPE_Q5_1 || W == WTYPE_Q4_1) kept = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[r * nb + b]), kept);
-        acc[r / P] = _mm512_mask_mov_ps(acc[r / P], kept_lanes16(_mm512_set1_ps(xd[r * nb + b])), kept);
-    }
-}
-
-/* Up to 16 int8 rows of x (xq holds 16 readable rows) against a pair whose tiles are built.
- * The tiles compute block b + 1 while the vector units scale block b. W, P and (for full tiles)
- * R constants: the accumulators then stay in registers. */
-static inline __attribute__((always_inline)) void pair_tile_amx(
-        const int32_t W, const struct pair_tiles *t, int64_t nb, const int8_t *xq, int64_t K, const float *xd,
-        const float *xs, const int32_t *xsum, const int R, const int P, float out_a[][ROWS], float out_b[][ROWS]) {
-    int32_t sums[2][AMX_ROWS][2 * ROWS] __attribute__((aligned(64)));
-    __m512 acc[AMX_ROWS];
-    for (int r = 0; r < R / P; r++) acc[r] = _mm512_setzero_ps();
-    tile_block(W, t->b, xq, K, 0, sums[0]);
-    for (int64_t b = 0; b < nb; b++) {
-        if (b + 1 < nb) tile_block(W, t->b, xq, K, b + 1, sums[(b + 1) & 1]);
-        scale_tile_block(W, (const int32_t (*)[2 * ROWS])sums[b & 1], _mm512_load_ps(t->dw + 16 * b),
-                         _mm512_load_ps(t->mw + 16 * b), xd, xs, xsum, nb, b, R, P, acc);
-    }
-    store_pair_rows(acc, R / P, out_a, out_b);
-}
-#else
-EMBER_EXPORT int ember_amx_ready(void) { return 0; }
-#endif
-
 /* A tile's outputs: R int8 rows of x are R / P rows of y (two passes: a row pair is one row). */
 static void store_tile(float out[][ROWS], int R, int32_t P, int64_t n0, int64_t N, float *y, int64_t ldy) {
     const int64_t count = N - n0 < ROWS ? N - n0 : ROWS;
@@ -662,51 +516,7 @@ struct matmul_job {
     struct quantized_x x; float *y;
 };
 
-#if defined(AMX_TILES)
-/* Groups [g0, g1) of format W against every row of x, each pair's tiles built once for all its
- * tiles A; W and P (the passes) constants. */
-static inline __attribute__((always_inline)) int format_groups_amx(const int32_t W, const int32_t P,
-                                                                   const struct matmul_job *j, int64_t g0, int64_t g1) {
-    const int64_t nb = j->x.nb, group_bytes = (nb / FORMATS[W].blocks) * record_bytes(W);
-    uint8_t *buffer = aligned_alloc(64, (size_t)(nb * (512 + 2 * 64)));
-    if (!buffer) return 0;
-    const struct pair_tiles t = {buffer, (float *)(buffer + nb * 512), (float *)(buffer + nb * 576)};
-    configure_tiles();
-    float out[AMX_ROWS][ROWS], out_b[AMX_ROWS][ROWS];
-    int64_t g = g0;
-    for (; g + 1 < g1; g += 2) {
-        const uint8_t *ga = j->w + g * group_bytes;
-        build_pair_tiles(ga, ga + group_bytes, W, nb, &t);
-        for (int64_t m = 0; m < j->rows; m += AMX_ROWS) {
-            const int R = j->rows - m < AMX_ROWS ? (int)(j->rows - m) : AMX_ROWS;
-            const struct quantized_x at = x_from(&j->x, m);
-            if (R == AMX_ROWS) pair_tile_amx(W, &t, nb, at.q, j->x.K, at.d, at.s, at.sum, AMX_ROWS, P, out, out_b);
-            else pair_tile_amx(W, &t, nb, at.q, j->x.K, at.d, at.s, at.sum, R, P, out, out_b);
-            float *y = j->y + (m / P) * j->ldy;
-            store_tile(out, R, P, g * ROWS, j->N, y, j->ldy);
-            store_tile(out_b, R, P, (g + 1) * ROWS, j->N, y, j->ldy);
-        }
-    }
-    free(buffer);
-    if (g < g1) groups_against_x(j->w, W, &j->x, j->passes, 0, j->rows, g, g1, j->N, j->y, j->ldy);
-    return 1;
-}
-
-static int groups_amx(const struct matmul_job *j, int64_t g0, int64_t g1) {
-#define AMX(W) (j->passes == 2 ? format_groups_amx(W, 2, j, g0, g1) : format_groups_amx(W, 1, j, g0, g1))
-    switch (j->wtype) {
-    case WTYPE_Q8_0: return AMX(WTYPE_Q8_0);
-    case WTYPE_Q4_1: return AMX(WTYPE_Q4_1);
-    case WTYPE_Q4_K: return AMX(WTYPE_Q4_K);
-    case WTYPE_Q5_K: return AMX(WTYPE_Q5_K);
-    case WTYPE_Q5_0: return AMX(WTYPE_Q5_0);
-    case WTYPE_Q5_1: return AMX(WTYPE_Q5_1);
-    case WTYPE_Q4_0: return AMX(WTYPE_Q4_0);
-    default: return 0;                       /* Q6_K: amx_serves() keeps it on the 512-bit path */
-    }
-#undef AMX
-}
-#endif
+#include "matmul_amx.h"
 
 /* A thread's tasks (GROUPS_PER_TASK weight groups each), a block of groups at a time (about
  * WEIGHT_BLOCK_BYTES: they stay in L2, read from memory once), the block against every chunk of
@@ -818,7 +628,7 @@ static void matmul_part(const EmberWeightPart *part, const struct quantized_x *x
     int64_t chunk = X_TILE_BYTES / x->K / MR * MR;   /* a multiple of MR: two-pass pairs stay whole */
     if (chunk < MR) chunk = MR;
 #if defined(AMX_TILES)
-    const int32_t amx = rows >= AMX_MIN_ROWS && amx_serves(part->wtype) && amx_permission() > 0;
+    const int32_t amx = rows >= amx_min_rows(part->wtype) && amx_permission() > 0;
 #else
     const int32_t amx = 0;
 #endif

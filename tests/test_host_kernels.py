@@ -303,9 +303,9 @@ def test_every_isa_path_is_the_portable_path_bit_for_bit(qtype, passes, rows):
 @pytest.mark.parametrize("rows", [3, 11])        # 11: 22 int8 rows, AMX's tiles where the CPU has them
 @pytest.mark.parametrize("qtype", [qtype for qtype in FORMATS if qtype not in _K_QUANT_SCALES])
 def test_a_skipped_second_pass_adds_nothing_even_to_an_infinite_scale(qtype, rows):
-    """The SIMD paths compute a block whose second pass is skipped (xd = 0) and keep acc as it was
-    (no branch): that must be the portable path's skip, also where 0 x an infinite weight scale
-    would be NaN. Block 0 of x is small (its second pass skipped), and 3 weight rows have d = inf
+    """The portable path skips the lo row of a block whose 16 bits the threshold drops (its d = 0
+    marks it); the SIMD paths compute it (zeros, no branch): the same bits, also where an infinite
+    weight scale meets it. Block 0 of x is small (its lo dropped), and 3 weight rows have d = inf
     there: their outputs are +-inf on every path, as the portable path's. (A K-quant's d spans 8
     blocks, whose infinite sums of both signs are NaN anyway; their tile is Q4_0's and Q5_x's.)"""
     rng = np.random.default_rng(7)

@@ -1,0 +1,263 @@
+/* The AMX path of cpu/matmul_q.c (included by it, after the 512-bit kernels and groups_against_x).
+ *
+ * A weight-group pair's block is one tile B (8 rows of 64 bytes: row k4 holds k = 4 k4..4 k4+3 of
+ * the 16 weight rows, which is how the packed chunks already lie), 16 int8 rows of x are tile A
+ * (their rows as quantized, stride K), and tile C = A B holds the block's exact int32 sums for 16 x
+ * 16 outputs. They are then scaled with the 512-bit path's float steps in its order: the same bits.
+ * Q6_K, whose blocks have a scale per half, takes each half as its own product (tiles A of 16
+ * columns, B of 4 rows: the tiles' second layout), two sums per block.
+ * Linux lends the tile registers to a process that asks (arch_prctl); where it refuses, the
+ * 512-bit path runs.
+ */
+#ifndef EMBER_CPU_MATMUL_AMX_H
+#define EMBER_CPU_MATMUL_AMX_H
+
+#if defined(PAIRED_GROUPS) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define AMX_TILES 1
+#define AMX_ROWS 16                  /* int8 rows of x per tile A */
+#define AMX_MIN_ROWS 8               /* fewer rows: the 512-bit path is faster */
+#define AMX_MIN_ROWS_HALVES 32       /* Q6_K's two products a block: faster from here (bench_matmul) */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+/* Tile register numbers (literals, for the intrinsics' asm). Whole blocks: two sets, so that the
+ * tiles of block b + 1 load and multiply while block b's sums are stored. Halves (Q6_K): two sets
+ * of sums (C, for the block's two halves) alternating with b, and one A and B per half. */
+#define TILE_C0 0
+#define TILE_A0 1
+#define TILE_B0 2
+#define TILE_C1 3
+#define TILE_A1 4
+#define TILE_B1 5
+#define HALF_C0A 0
+#define HALF_C0B 1
+#define HALF_C1A 2
+#define HALF_C1B 3
+#define HALF_AA 4
+#define HALF_BA 5
+#define HALF_AB 6
+#define HALF_BB 7
+enum tile_layout { WHOLE_BLOCKS = 1, HALF_BLOCKS = 2 };
+
+struct tile_config { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; };
+
+static int amx_permission(void) {                /* 1 granted, -1 refused; asked once */
+    static int state = 0;
+    int seen = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+    if (!seen) {
+        seen = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
+        __atomic_store_n(&state, seen, __ATOMIC_RELEASE);
+    }
+    return seen;
+}
+
+EMBER_EXPORT int ember_amx_ready(void) { return amx_permission() > 0; }
+
+static int amx_min_rows(int32_t wtype) { return wtype == WTYPE_Q6_K ? AMX_MIN_ROWS_HALVES : AMX_MIN_ROWS; }
+
+static void set_tile(struct tile_config *config, int tile, int rows, int colsb) {
+    config->rows[tile] = (uint8_t)rows;
+    config->colsb[tile] = (uint16_t)colsb;
+}
+
+/* Per thread: the tile shapes stay loaded until a matrix needs the other layout. */
+static void configure_tiles(enum tile_layout layout) {
+    static __thread enum tile_layout loaded = 0;
+    if (loaded == layout) return;
+    struct tile_config config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    if (layout == WHOLE_BLOCKS) {
+        for (int set = 0; set < 2; set++) {
+            set_tile(&config, set ? TILE_C1 : TILE_C0, AMX_ROWS, 2 * ROWS * 4);
+            set_tile(&config, set ? TILE_A1 : TILE_A0, AMX_ROWS, QK);
+            set_tile(&config, set ? TILE_B1 : TILE_B0, QK / 4, 2 * ROWS * 4);
+        }
+    } else {
+        for (int c = HALF_C0A; c <= HALF_C1B; c++) set_tile(&config, c, AMX_ROWS, 2 * ROWS * 4);
+        set_tile(&config, HALF_AA, AMX_ROWS, QK / 2);
+        set_tile(&config, HALF_AB, AMX_ROWS, QK / 2);
+        set_tile(&config, HALF_BA, QK / 8, 2 * ROWS * 4);
+        set_tile(&config, HALF_BB, QK / 8, 2 * ROWS * 4);
+    }
+    _tile_loadconfig(&config);
+    loaded = layout;
+}
+
+/* A pair of groups as the tiles read it, built once for all its tiles A: each block's tile B (512
+ * bytes: Q4_1's nibbles unpacked, chunk c's low nibbles are k4 = 2c, its high nibbles k4 = 2c + 1;
+ * Q8_0's chunks as they are; the other formats' values decoded, V_j is row k4 = j: Q6_K's halves
+ * are rows 0-3 and 4-7), the block's weight scales dw and mw of the 16 rows (pair_scales) and
+ * Q6_K's integer half scales (sc: 16 of the first half, then 16 of the second), so that the
+ * per-tile loop only scales. */
+struct pair_tiles { uint8_t *b; float *dw, *mw; int32_t *sc; };
+
+static void build_pair_tiles(const uint8_t *ga, const uint8_t *gb, int32_t wtype, int64_t nb,
+                             const struct pair_tiles *t) {
+    const int64_t rb = record_bytes(wtype);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *ra = ga + b * rb, *rc = gb + b * rb;
+        __m512i *tile = (__m512i *)(t->b + b * 512);
+        __m512 dw, mw = _mm512_setzero_ps();
+        if (is_unsigned_format(wtype)) {
+            __m512i v[8];
+            decode_values16(body_of(ga, wtype, b), body_of(gb, wtype, b), FORMATS[wtype].high_bits, v);
+            for (int j = 0; j < 8; j++) _mm512_store_si512(tile + j, v[j]);
+            const uint8_t *rec_a = record_of(ga, wtype, b), *rec_b = record_of(gb, wtype, b);
+            const int bi = (int)(b % FORMATS[wtype].blocks);
+            __m512 d, m;
+            record_scales(rec_a, rec_b, wtype, &d, &m);
+            pair_scales(rec_a, rec_b, wtype, bi, d, m, &dw, &mw);
+            if (wtype == WTYPE_Q6_K) {
+                _mm512_store_si512(t->sc + 32 * b, i8x16_epi32(rec_a + 16 + 16 * bi, rec_b + 16 + 16 * bi));
+                _mm512_store_si512(t->sc + 32 * b + 16, i8x16_epi32(rec_a + 24 + 16 * bi, rec_b + 24 + 16 * bi));
+            }
+        } else if (wtype == WTYPE_Q4_1) {
+            for (int c = 0; c < 4; c++) unpack_q4_chunk(ra, rc, c, tile + 2 * c, tile + 2 * c + 1);
+            dw = load_f16x16(ra, rc);
+            mw = load_f16x16(ra + 16, rc + 16);
+        } else {
+            for (int j = 0; j < 8; j++) _mm512_store_si512(tile + j, load_pair(ra + 16 + 32 * j, rc + 16 + 32 * j));
+            dw = load_f16x16(ra, rc);
+        }
+        _mm512_store_ps(t->dw + 16 * b, dw);
+        _mm512_store_ps(t->mw + 16 * b, mw);
+    }
+}
+
+/* Block b's int32 sums of 16 x rows against the pair, into sums[0] (16 rows of 16; Q6_K: the
+ * first half's, and the second half's into sums[1]); the two sets alternate with b. W a constant. */
+static inline __attribute__((always_inline)) void tile_block(const int32_t W, const uint8_t *tiles,
+                                                             const int8_t *xq, int64_t K, int64_t b,
+                                                             int32_t sums[2][AMX_ROWS][2 * ROWS]) {
+#define TILE_BLOCK(C, A, B) do { \
+        _tile_loadd(A, xq + b * QK, K); \
+        _tile_loadd(B, tiles + b * 512, 64); \
+        _tile_zero(C); \
+        if (W == WTYPE_Q8_0) _tile_dpbssd(C, A, B); \
+        else _tile_dpbsud(C, A, B);                   /* signed x, unsigned values */ \
+        _tile_stored(C, sums[0], 64); } while (0)
+#define TILE_HALF(C, A, B, h) do { \
+        _tile_loadd(A, xq + b * QK + (QK / 2) * (h), K); \
+        _tile_loadd(B, tiles + b * 512 + 256 * (h), 64); \
+        _tile_zero(C); \
+        _tile_dpbsud(C, A, B); \
+        _tile_stored(C, sums[h], 64); } while (0)
+    if (W == WTYPE_Q6_K) {
+        if (b & 1) { TILE_HALF(HALF_C1A, HALF_AA, HALF_BA, 0); TILE_HALF(HALF_C1B, HALF_AB, HALF_BB, 1); }
+        else { TILE_HALF(HALF_C0A, HALF_AA, HALF_BA, 0); TILE_HALF(HALF_C0B, HALF_AB, HALF_BB, 1); }
+    } else if (b & 1) {
+        TILE_BLOCK(TILE_C1, TILE_A1, TILE_B1);
+    } else {
+        TILE_BLOCK(TILE_C0, TILE_A0, TILE_B0);
+    }
+#undef TILE_HALF
+#undef TILE_BLOCK
+}
+
+/* Row r's sums of one set (P = 2: rows r and r + 1, a row pair's hi and lo, combined) */
+static inline __m512i row_sums(const int32_t (*sums)[2 * ROWS], int r, const int P) {
+    const __m512i sum = _mm512_load_si512(sums[r]);
+    return P == 2 ? split_combine16(sum, _mm512_load_si512(sums[r + 1])) : sum;
+}
+
+/* Block b's sums of R int8 rows (R / P rows of y) into acc, with the 512-bit path's float steps
+ * (scale_block16; Q4_1 adds its min as Q5_1 does; Q6_K's halves as group_pair_tile_formats
+ * takes them). W and P constants. */
+static inline __attribute__((always_inline)) void scale_tile_block(
+        const int32_t W, int32_t sums[2][AMX_ROWS][2 * ROWS], const struct pair_tiles *t, const struct quantized_x *x,
+        int64_t b, const int R, const int P, __m512 *acc) {
+    const int32_t offset = FORMATS[W].offset;
+    const int64_t nb = x->nb;
+    const __m512 dw = _mm512_load_ps(t->dw + 16 * b), mw = _mm512_load_ps(t->mw + 16 * b);
+    for (int r = 0; r < R; r += P) {
+        const float xd = x->d[r * nb + b], xs = x->s[r * nb + b];
+        if (W == WTYPE_Q6_K) {
+            const int32_t lo_x = x->sum_lo[r * nb + b], hi_x = x->sum[r * nb + b] - lo_x;
+            const __m512i lo = _mm512_sub_epi32(row_sums((const int32_t (*)[2 * ROWS])sums[0], r, P),
+                                                _mm512_set1_epi32(32 * lo_x));
+            const __m512i hi = _mm512_sub_epi32(row_sums((const int32_t (*)[2 * ROWS])sums[1], r, P),
+                                                _mm512_set1_epi32(32 * hi_x));
+            const __m512 fsum = _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(lo, _mm512_load_si512(t->sc + 32 * b))),
+                                              _mm512_cvtepi32_ps(_mm512_mullo_epi32(hi, _mm512_load_si512(t->sc + 32 * b + 16))));
+            acc[r / P] = scale_block16(W, acc[r / P], fsum, dw, mw, xd, xs);
+            continue;
+        }
+        __m512i isum = row_sums((const int32_t (*)[2 * ROWS])sums[0], r, P);
+        if (offset) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(offset * x->sum[r * nb + b]));
+        __m512 kept = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xd)), acc[r / P]);
+        if (is_k_quant(W)) kept = _mm512_fnmadd_ps(mw, _mm512_set1_ps(xs), kept);
+        else if (W == WTYPE_Q5_1 || W == WTYPE_Q4_1) kept = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs), kept);
+        acc[r / P] = _mm512_mask_mov_ps(acc[r / P], kept_lanes16(_mm512_set1_ps(xd)), kept);
+    }
+}
+
+/* Up to 16 int8 rows of x (x->q holds 16 readable rows) against a pair whose tiles are built.
+ * The tiles compute block b + 1 while the vector units scale block b. W, P and (for full tiles)
+ * R constants: the accumulators then stay in registers. */
+static inline __attribute__((always_inline)) void pair_tile_amx(
+        const int32_t W, const struct pair_tiles *t, const struct quantized_x *x, const int R, const int P,
+        float out_a[][ROWS], float out_b[][ROWS]) {
+    int32_t sums[2][2][AMX_ROWS][2 * ROWS] __attribute__((aligned(64)));
+    __m512 acc[AMX_ROWS];
+    for (int r = 0; r < R / P; r++) acc[r] = _mm512_setzero_ps();
+    const int64_t nb = x->nb;
+    tile_block(W, t->b, x->q, x->K, 0, sums[0]);
+    for (int64_t b = 0; b < nb; b++) {
+        if (b + 1 < nb) tile_block(W, t->b, x->q, x->K, b + 1, sums[(b + 1) & 1]);
+        scale_tile_block(W, sums[b & 1], t, x, b, R, P, acc);
+    }
+    store_pair_rows(acc, R / P, out_a, out_b);
+}
+
+/* Groups [g0, g1) of format W against every row of x, each pair's tiles built once for all its
+ * tiles A; W and P (the passes) constants. */
+static inline __attribute__((always_inline)) int format_groups_amx(const int32_t W, const int32_t P,
+                                                                   const struct matmul_job *j, int64_t g0, int64_t g1) {
+    const int64_t nb = j->x.nb, group_bytes = (nb / FORMATS[W].blocks) * record_bytes(W);
+    uint8_t *buffer = aligned_alloc(64, (size_t)(nb * (512 + 2 * 64 + 128)));
+    if (!buffer) return 0;
+    const struct pair_tiles t = {buffer, (float *)(buffer + nb * 512), (float *)(buffer + nb * 576),
+                                 (int32_t *)(buffer + nb * 640)};
+    configure_tiles(W == WTYPE_Q6_K ? HALF_BLOCKS : WHOLE_BLOCKS);
+    float out[AMX_ROWS][ROWS], out_b[AMX_ROWS][ROWS];
+    int64_t g = g0;
+    for (; g + 1 < g1; g += 2) {
+        const uint8_t *ga = j->w + g * group_bytes;
+        build_pair_tiles(ga, ga + group_bytes, W, nb, &t);
+        for (int64_t m = 0; m < j->rows; m += AMX_ROWS) {
+            const int R = j->rows - m < AMX_ROWS ? (int)(j->rows - m) : AMX_ROWS;
+            const struct quantized_x at = x_from(&j->x, m);
+            if (R == AMX_ROWS) pair_tile_amx(W, &t, &at, AMX_ROWS, P, out, out_b);
+            else pair_tile_amx(W, &t, &at, R, P, out, out_b);
+            float *y = j->y + (m / P) * j->ldy;
+            store_tile(out, R, P, g * ROWS, j->N, y, j->ldy);
+            store_tile(out_b, R, P, (g + 1) * ROWS, j->N, y, j->ldy);
+        }
+    }
+    free(buffer);
+    if (g < g1) groups_against_x(j->w, W, &j->x, j->passes, 0, j->rows, g, g1, j->N, j->y, j->ldy);
+    return 1;
+}
+
+static int groups_amx(const struct matmul_job *j, int64_t g0, int64_t g1) {
+#define AMX(W) (j->passes == 2 ? format_groups_amx(W, 2, j, g0, g1) : format_groups_amx(W, 1, j, g0, g1))
+    switch (j->wtype) {
+    case WTYPE_Q8_0: return AMX(WTYPE_Q8_0);
+    case WTYPE_Q4_1: return AMX(WTYPE_Q4_1);
+    case WTYPE_Q4_K: return AMX(WTYPE_Q4_K);
+    case WTYPE_Q5_K: return AMX(WTYPE_Q5_K);
+    case WTYPE_Q6_K: return AMX(WTYPE_Q6_K);
+    case WTYPE_Q5_0: return AMX(WTYPE_Q5_0);
+    case WTYPE_Q5_1: return AMX(WTYPE_Q5_1);
+    case WTYPE_Q4_0: return AMX(WTYPE_Q4_0);
+    default: return 0;
+    }
+#undef AMX
+}
+#else
+EMBER_EXPORT int ember_amx_ready(void) { return 0; }
+#endif
+
+#endif
