@@ -101,3 +101,37 @@ def test_greedy_completion_from_text(checkpoint):
     assert out.prompt_token_ids == prompt["input_ids"][:prompt["n_prompt"]]
     assert out.outputs[0].token_ids == prompt["input_ids"][prompt["n_prompt"]:prompt["n_prompt"] + 4]
     assert np.isfinite([e.logprob for e in out.outputs[0].logprobs or []]).all()
+
+
+def test_a_server_builds_a_large_vocabularys_grammar_tokenizer_at_the_first_constrained_request(checkpoint):
+    """llguidance's tokenizer of 262k tokens costs ~2.3 s holding the GIL and ~475 MB: not at
+    start (a server that never constrains output pays neither), but for the first request that
+    constrains; its output follows the constraint."""
+    import re
+    import time
+    import urllib.request
+
+    from ember_cupy.config import EngineConfig
+    from ember_cupy.engine.llm_engine import LLMEngine
+    from ember_cupy.server import AsyncEngine, BackgroundServer, EngineMetrics, ServerSettings
+    engine = LLMEngine(checkpoint, EngineConfig(max_model_len=256, kv_cache_memory=64 << 20))
+    settings = ServerSettings(host="127.0.0.1", port=0, served_model_names=["gemma"])
+    server = BackgroundServer(AsyncEngine(engine, metrics=EngineMetrics("gemma")), settings).start()
+
+    def complete(**fields) -> str:
+        body = json.dumps({"model": "gemma", "prompt": "The answer is", "max_tokens": 6, "temperature": 0,
+                           **fields}).encode()
+        request = urllib.request.Request(server.url + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return json.load(response)["choices"][0]["text"]
+
+    try:
+        complete()
+        time.sleep(0.5)
+        assert not engine.grammars.tokenizer_built
+        text = complete(structured_outputs={"regex": "[0-9]{3}"})
+        assert re.fullmatch("[0-9]{3}", text), text
+        assert engine.grammars.tokenizer_built
+    finally:
+        server.stop()

@@ -158,9 +158,10 @@ class AsyncEngine:
     def _prepare_grammar_tokenizer(self) -> None:
         """Build llguidance's tokenizer now, on a grammar worker: it holds the GIL ~0.3 s (49k
         vocabulary), which stalled every running request once, inside the first constrained
-        request; now it happens while the server has only just said ready."""
+        request; now it happens while the server has only just said ready. A large vocabulary's
+        waits for the first constrained request (GrammarCompiler.prepared_at_start)."""
         grammars = getattr(self.engine, "grammars", None)
-        if grammars is not None:
+        if grammars is not None and grammars.prepared_at_start:
             self._grammar.submit(lambda _abandoned: grammars.ll_tokenizer)
 
     async def shutdown(self, drain_timeout: float = 0.0) -> None:

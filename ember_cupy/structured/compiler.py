@@ -43,6 +43,10 @@ logger = logging.getLogger("ember_cupy.structured")
 CACHE_SIZE = 256                 # compiled grammars kept, at most ...
 CACHE_BYTES = 512 << 20          # ... and their weight in all
 MAX_GRAMMAR_BYTES = 128 << 20    # one compiled grammar's weight; more is refused
+# llguidance's tokenizer is built when a server starts up to this vocabulary (SmolLM2's 49k: ~0.3 s
+# holding the GIL), else at the first constrained request: Gemma 3's 262k take ~2.3 s and ~475 MB,
+# which a server that never constrains its output should not pay in load time and memory.
+PREPARE_AT_START_MAX_VOCAB = 65536
 MiB = 1 << 20
 # JSON is written with ", " and ": " and no other white space (a schema's "x-guidance" may say
 # otherwise): free white space lets a small model pad its output with newlines until max_tokens.
@@ -68,6 +72,14 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()   # one build at a time: each is weighed by the malloc growth
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
+
+    @property
+    def prepared_at_start(self) -> bool:
+        return self.vocab_size <= PREPARE_AT_START_MAX_VOCAB
+
+    @property
+    def tokenizer_built(self) -> bool:
+        return self._ll_tokenizer is not None
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:

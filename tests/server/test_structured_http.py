@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 
 import jsonschema
 import pydantic
@@ -70,6 +71,17 @@ def test_structured_outputs_on_both_endpoints(base_url):
         "structured_outputs": {"regex": r" [0-9]{3}-[0-9]{4}"}})
     assert status == 200
     assert re.fullmatch(r" [0-9]{3}-[0-9]{4}", json.loads(raw)["choices"][0]["text"])
+
+
+def test_a_small_vocabularys_grammar_tokenizer_is_built_when_the_server_starts(server):
+    """49k tokens: ~0.3 s, built on a grammar worker at start, so that no constrained request
+    stalls the others for it (a 262k vocabulary waits for the first one: tests/test_gemma3.py)."""
+    grammars = server.engine.engine.grammars
+    assert grammars.prepared_at_start
+    deadline = time.monotonic() + 30
+    while not grammars.tokenizer_built and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert grammars.tokenizer_built
 
 
 def test_streamed_json_schema(base_url):
