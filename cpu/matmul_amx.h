@@ -186,10 +186,10 @@ static inline __attribute__((always_inline)) void scale_tile_block(
         }
         __m512i isum = row_sums((const int32_t (*)[2 * ROWS])sums[0], r, P);
         if (offset) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(offset * x->sum[r * nb + b]));
-        __m512 kept = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xd)), acc[r / P]);
-        if (is_k_quant(W)) kept = _mm512_fnmadd_ps(mw, _mm512_set1_ps(xs), kept);
-        else if (W == WTYPE_Q5_1 || W == WTYPE_Q4_1) kept = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs), kept);
-        acc[r / P] = _mm512_mask_mov_ps(acc[r / P], kept_lanes16(_mm512_set1_ps(xd)), kept);
+        __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xd)), acc[r / P]);
+        if (is_k_quant(W)) sum = _mm512_fnmadd_ps(mw, _mm512_set1_ps(xs), sum);
+        else if (W == WTYPE_Q5_1 || W == WTYPE_Q4_1) sum = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs), sum);
+        acc[r / P] = sum;
     }
 }
 

@@ -114,8 +114,7 @@ static void group_tile_formats_portable(const uint8_t *g, int32_t wtype, int64_t
         for (int n = 0; n < 8; n++) {
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++)
-                if (xd[r * nb + b] != 0.0f)
-                    block_portable(g, wtype, b, n, xq + r * K + b * 32, K, P, P == 2 && xd[(r + 1) * nb + b] != 0.0f,
+                block_portable(g, wtype, b, n, xq + r * K + b * 32, K, P, P == 2 && xd[(r + 1) * nb + b] != 0.0f,
                                    xd[r * nb + b], xs[r * nb + b], &acc);
             out[r / P][n] = acc;
         }
@@ -223,7 +222,7 @@ static inline __attribute__((always_inline)) void group_tile_formats(
             __m256 sum = _mm256_fmadd_ps(fsum, _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * nb + b])), acc[r / P]);
             if (is_k_quant(wtype)) sum = _mm256_fnmadd_ps(mw, _mm256_set1_ps(xs[r * nb + b]), sum);
             else if (wtype == WTYPE_Q5_1) sum = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[r * nb + b]), sum);
-            acc[r / P] = _mm256_blendv_ps(acc[r / P], sum, kept_lanes8(_mm256_set1_ps(xd[r * nb + b])));
+            acc[r / P] = sum;
         }
     }
     for (int r = 0; r < R / P; r++) _mm256_storeu_ps(out[r], acc[r]);
@@ -296,13 +295,12 @@ static inline void pair_scales(const uint8_t *ra, const uint8_t *rc, int32_t wty
     }
 }
 
-/* acc + sum (d xd) (+ or - mw xs): the float steps every path takes, in this order (acc as it
- * was where xd is 0: kept_lanes8) */
+/* acc + sum (d xd) (+ or - mw xs): the float steps every path takes, in this order */
 static inline __m512 scale_block16(int32_t wtype, __m512 acc, __m512 fsum, __m512 dw, __m512 mw, float xd, float xs) {
     __m512 sum = _mm512_fmadd_ps(fsum, _mm512_mul_ps(dw, _mm512_set1_ps(xd)), acc);
     if (is_k_quant(wtype)) sum = _mm512_fnmadd_ps(mw, _mm512_set1_ps(xs), sum);
     else if (wtype == WTYPE_Q5_1) sum = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs), sum);
-    return _mm512_mask_mov_ps(acc, kept_lanes16(_mm512_set1_ps(xd)), sum);
+    return sum;
 }
 
 static inline __attribute__((always_inline)) void group_pair_tile_formats(

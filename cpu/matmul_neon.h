@@ -215,7 +215,6 @@ static inline __attribute__((always_inline)) void group_tile_neon(
             values_by_row_pairs(v, w);
             const int32x4_t zero[2] = {vdupq_n_s32(0), vdupq_n_s32(0)};
             for (; r + 1 < R; r += 2) {               /* P = 2: the pair is hi and lo of one row */
-                if (xd[r * nb + b] == 0.0f && (P == 2 || xd[(r + 1) * nb + b] == 0.0f)) continue;
                 const int8_t *xa = xq + r * K + b * QK;
                 int32x4_t sums[2][2];
                 dot_values_pair(w, xa, xa + K, sums[0], sums[1]);
@@ -224,13 +223,11 @@ static inline __attribute__((always_inline)) void group_tile_neon(
                     accumulate_row(acc[r / 2], sums[0], zero, ROW_ARGS(r));
                     continue;
                 }
-                for (int i = 0; i < 2; i++)
-                    if (xd[(r + i) * nb + b] != 0.0f) accumulate_row(acc[r + i], sums[i], zero, ROW_ARGS(r + i));
+                for (int i = 0; i < 2; i++) accumulate_row(acc[r + i], sums[i], zero, ROW_ARGS(r + i));
             }
         }
 #endif
         for (; r < R; r += P) {
-            if (xd[r * nb + b] == 0.0f) continue;     /* a zero block */
             int32x4_t lo[2], hi[2];
             dot4_values(v, xq + r * K + b * QK, 0, lo);
             dot4_values(v, xq + r * K + b * QK, 4, hi);

@@ -136,12 +136,6 @@ static inline __m256 load_f16x8(const uint8_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
-/* Every lane set, or none where xd (broadcast) is 0 (a skipped second pass, or a zero block): the
- * SIMD paths compute such a block and keep acc as it was, the portable path's skip bit for bit.
- * A branch on xd costs more than the work: which blocks the second pass skips follows x, and
- * mispredicts (1.3x at M = 1, where they are about half). */
-static inline __m256 kept_lanes8(__m256 xd) { return _mm256_cmp_ps(xd, _mm256_setzero_ps(), _CMP_NEQ_UQ); }
-
 /* Two passes: a pair's exact sum SPLIT_BASE dot(hi) + dot(lo) */
 static inline __m256i split_combine8(__m256i hi, __m256i lo) {
     return _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(hi, 8), hi), lo);
@@ -213,9 +207,8 @@ static inline __attribute__((always_inline)) void group_tile(
                 __m256i isum = q4_1_dot8(lo, hi, xb);
                 if (P == 2) isum = split_combine8(isum, q4_1_dot8(lo, hi, xb + K));
                 const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * nb + b]));
-                const __m256 kept = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[r * nb + b]),
-                                                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r / P]));
-                acc[r / P] = _mm256_blendv_ps(acc[r / P], kept, kept_lanes8(_mm256_set1_ps(xd[r * nb + b])));
+                acc[r / P] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[r * nb + b]),
+                                             _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r / P]));
             }
         } else {
             __m256i wq[8], wabs[8];
@@ -228,8 +221,7 @@ static inline __attribute__((always_inline)) void group_tile(
                 __m256i isum = q8_0_dot8(wq, wabs, xb);
                 if (P == 2) isum = split_combine8(isum, q8_0_dot8(wq, wabs, xb + K));
                 const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * nb + b]));
-                acc[r / P] = _mm256_blendv_ps(acc[r / P], _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r / P]),
-                                              kept_lanes8(_mm256_set1_ps(xd[r * nb + b])));
+                acc[r / P] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r / P]);
             }
         }
     }
@@ -261,7 +253,6 @@ static inline void group_tile(const uint8_t *g, int32_t wtype, int64_t nb, const
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *rec = g + b * rb;
         for (int r = 0; r < R; r += P) {
-            if (xd[r * nb + b] == 0.0f) continue;
             const int8_t *xb = xq + r * K + b * QK;
             const int lo_kept = P == 2 && xd[(r + 1) * nb + b] != 0.0f;
             float *o = out[r / P];
@@ -292,9 +283,6 @@ static inline __m512 load_f16x16(const uint8_t *a, const uint8_t *b) {
     return _mm512_cvtph_ps(_mm256_set_m128i(_mm_loadu_si128((const __m128i *)b),
                                             _mm_loadu_si128((const __m128i *)a)));
 }
-
-/* kept_lanes8's mask, for 16 lanes */
-static inline __mmask16 kept_lanes16(__m512 xd) { return _mm512_cmp_ps_mask(xd, _mm512_setzero_ps(), _CMP_NEQ_UQ); }
 
 static inline __m512i split_combine16(__m512i hi, __m512i lo) {          /* split_combine8's */
     return _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(hi, 8), hi), lo);
@@ -362,9 +350,8 @@ static inline __attribute__((always_inline)) void group_pair_tile(
                 __m512i isum = q4_1_dot16(lo, hi, xb);
                 if (P == 2) isum = split_combine16(isum, q4_1_dot16(lo, hi, xb + K));
                 const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nb + b]));
-                const __m512 kept = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[r * nb + b]),
-                                                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[r / P]));
-                acc[r / P] = _mm512_mask_mov_ps(acc[r / P], kept_lanes16(_mm512_set1_ps(xd[r * nb + b])), kept);
+                acc[r / P] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[r * nb + b]),
+                                             _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[r / P]));
             }
         } else {
             const __m512i sign = _mm512_set1_epi8((char)0x80);
@@ -376,8 +363,7 @@ static inline __attribute__((always_inline)) void group_pair_tile(
                 if (P == 2) isum = split_combine16(isum, q8_0_dot16(wu, xb + K));
                 isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(128 * xsum[r * nb + b]));
                 const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nb + b]));
-                acc[r / P] = _mm512_mask_mov_ps(acc[r / P], kept_lanes16(_mm512_set1_ps(xd[r * nb + b])),
-                                                _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[r / P]));
+                acc[r / P] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[r / P]);
             }
         }
     }
