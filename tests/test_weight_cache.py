@@ -152,3 +152,30 @@ def test_a_process_that_exits_right_after_loading_leaves_its_entry(tmp_path):
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
     names = _entries(tmp_path)
     assert len(names) == 2 and names[0].endswith(".bin") and names[1].endswith(".json")
+
+
+def test_two_engines_writing_one_entry_in_one_process_keep_their_own_files(tmp_path, reference, monkeypatch,
+                                                                           caplog):
+    """A second engine of the same model, built in the same process while the first's entry is
+    still being made durable, writes its own temporary file: sharing the first's name truncated
+    the file the first engine's weights are mapped from (zeros for weights, silently)."""
+    import threading
+    import time
+    slow_sync, real_fsync = threading.Event(), os.fsync
+
+    def fsync_after_the_second_load(fd):
+        slow_sync.wait(60)
+        real_fsync(fd)
+
+    monkeypatch.setattr(weight_cache.os, "fsync", fsync_after_the_second_load)
+    with caplog.at_level(logging.WARNING, logger="ember_cupy"):
+        first = LLM(default_model_path(), weight_cache=str(tmp_path))
+        second = LLM(default_model_path(), weight_cache=str(tmp_path))
+        slow_sync.set()
+        for llm in (first, second):
+            llm.engine.runner.weight_cache.wait_published(60)
+    assert _answer(first) == reference and _answer(second) == reference
+    assert "not saved" not in caplog.text
+    key = first.engine.runner.weight_cache.key
+    assert _entries(tmp_path) == [f"{key}.bin", f"{key}.json"]
+    assert _answer(_load(default_model_path(), tmp_path)) == reference

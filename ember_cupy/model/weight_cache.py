@@ -27,6 +27,7 @@ import logging
 import mmap
 import os
 import threading
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -150,7 +151,9 @@ class WeightCache:
 
     def _start_writing(self, size_bound: int) -> None:
         self._remove_stale_files()
-        self._temp_path = self.directory / f"{self.key}.bin.{os.getpid()}.tmp"
+        # pid, then a token of this writer: two engines of one model in one process each write
+        # their own file (sharing one truncated the file the first one's weights are mapped from)
+        self._temp_path = self.directory / f"{self.key}.bin.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         self._file = open(self._temp_path, "w+b")
         os.ftruncate(self._file.fileno(), max(size_bound, ALIGN))   # sparse: only what is packed is stored
         self._map = mmap.mmap(self._file.fileno(), max(size_bound, ALIGN))
@@ -237,7 +240,7 @@ class WeightCache:
             os.fsync(file.fileno())
             file.close()
             os.replace(self._temp_path, self.data_path)
-            temp_index = self.index_path.with_suffix(f".json.{os.getpid()}.tmp")
+            temp_index = self._temp_path.with_name(self._temp_path.name.replace(".bin.", ".json.", 1))
             with open(temp_index, "w") as out:
                 json.dump(index, out)
                 out.flush()
@@ -258,7 +261,7 @@ class WeightCache:
         """Temporary files of writers that are gone (a load that died before publishing)."""
         for path in self.directory.glob("*.tmp"):
             try:
-                pid = int(path.name.split(".")[-2])
+                pid = int(path.name.split(".")[2])      # {key}.{bin|json}.{pid}[.{token}].tmp
                 os.kill(pid, 0)
             except (ValueError, IndexError, ProcessLookupError):
                 path.unlink(missing_ok=True)
