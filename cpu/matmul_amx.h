@@ -17,7 +17,7 @@
 #include <unistd.h>
 #define AMX_TILES 1
 #define AMX_ROWS 16                  /* int8 rows of x per tile A */
-#define AMX_MIN_ROWS 8               /* fewer rows: the 512-bit path is faster */
+#define AMX_MIN_ROWS 12              /* fewer int8 rows: the 512-bit path is as fast or faster (bench_matmul) */
 #define AMX_MIN_ROWS_HALVES 32       /* Q6_K's two products a block: faster from here (bench_matmul) */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
