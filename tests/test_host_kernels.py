@@ -245,7 +245,7 @@ def test_each_row_is_the_same_whatever_the_batch(library, qtype):
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
 def test_the_avx512_paths_are_the_avx2_path_bit_for_bit(isa, qtype, passes, rows):
     """The 512-bit kernels take two weight groups at once (Q8_0 as w + 128), AMX 16 rows of x
-    per tile (from 8 int8 rows); every output is the 256-bit path's integer sums and float steps,
+    per tile (from 12 int8 rows); every output is the 256-bit path's integer sums and float steps,
     in the same order. 37 weight rows: a lone group beside the pairs."""
     if isa not in RUNNABLE:
         pytest.skip(f"this CPU cannot run the {isa} path")

@@ -4,7 +4,7 @@ prebuilt for every path of its architecture (ops/host_build.py, at `pip install`
 checkout, or a path the package lacks, compiles them on first use with the machine's C compiler,
 cached on disk (keyed by source hash + flags + compiler version).
 
-ISA paths: `avx512amx` (AVX-512 VNNI plus AMX tiles for matmuls of 8 rows or more, where Linux
+ISA paths: `avx512amx` (AVX-512 VNNI plus AMX tiles for matmuls of 12 int8 rows or more, where Linux
 grants the tiles), `avx512vnni`, `avx2`; on aarch64 `neon-i8mm` (SMMLA), `neon-dotprod` (SDOT)
 and `neon`; `portable` (plain C any compiler builds). `EMBER_HOST_ISA` forces one; `EMBER_HOST_KERNELS=0` turns host kernels off (the NumPy twins run instead);
 `EMBER_NUM_THREADS` sets the kernels' thread count (default: the CPUs this process may use), and
