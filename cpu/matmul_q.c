@@ -60,8 +60,8 @@ EMBER_EXPORT const char *ember_isa(void) { return EMBER_ISA; }
 /* ---- activation quantization ---------------------------------------------------------- */
 /* A block holding NaN or inf gets d = NaN and q = 0 (its outputs NaN, as the twin's): converting
  * NaN or inf to int is undefined in C, and x86 and ARM do give different garbage. */
-static void quantize_block(const float *xb, int8_t *q, float *d_out, float *s_out, int32_t *sum_out,
-                           int32_t *sum_lo_out) {
+/* max |x| over a block; NaN where a value is NaN or inf */
+static inline float block_max_abs(const float *xb) {
     float amax = 0.0f;
     int finite = 1;
     for (int i = 0; i < QK; i++) {
@@ -69,7 +69,13 @@ static void quantize_block(const float *xb, int8_t *q, float *d_out, float *s_ou
         amax = a > amax ? a : amax;
         finite &= a <= 3.402823466e38f;
     }
-    if (!finite) {
+    return finite ? amax : __builtin_nanf("");
+}
+
+static void quantize_block(const float *xb, int8_t *q, float *d_out, float *s_out, int32_t *sum_out,
+                           int32_t *sum_lo_out) {
+    const float amax = block_max_abs(xb);
+    if (amax != amax) {
         memset(q, 0, QK);
         *d_out = *s_out = __builtin_nanf("");
         if (sum_out) *sum_out = 0;
@@ -529,22 +535,15 @@ static void matmul_tasks(void *ctx, int64_t begin, int64_t end) {
 /* Two passes, x to 16 bits: row 2m holds each block's hi, row 2m+1 its lo (q = SPLIT_BASE hi + lo).
  * The pair's block scale, sums and d * sum q (over the 16-bit q) are row 2m's entries; row 2m+1's
  * d is d again where the block keeps its lo and 0 where the threshold drops it (lo all zero: a
- * skip mark for the paths that branch), its other entries 0. A non-finite block: row 2m's d and s
- * NaN, q 0. A block too small for 1 / d to be finite is a zero block. */
-static void quantize_split_block(const float *xb, int keep_lo, int8_t *hi, int8_t *lo, float *d_out, float *s_out,
-                                 int32_t *sum_out, int32_t *sum_lo_out, float *d_lo_out) {
-    float amax = 0.0f;
-    int finite = 1;
-    for (int i = 0; i < QK; i++) {
-        float a = xb[i] < 0 ? -xb[i] : xb[i];
-        amax = a > amax ? a : amax;
-        finite &= a <= 3.402823466e38f;
-    }
+ * skip mark for the paths that branch), its other entries 0. A non-finite block (amax NaN: block_max_abs):
+ * row 2m's d and s NaN, q 0. A block too small for 1 / d to be finite is a zero block. */
+static void quantize_split_block(const float *xb, float amax, int keep_lo, int8_t *hi, int8_t *lo, float *d_out,
+                                 float *s_out, int32_t *sum_out, int32_t *sum_lo_out, float *d_lo_out) {
     memset(hi, 0, QK);
     memset(lo, 0, QK);
     *sum_out = *sum_lo_out = 0;
     *d_lo_out = 0.0f;
-    if (!finite) {
+    if (amax != amax) {
         *d_out = *s_out = __builtin_nanf("");
         return;
     }
@@ -579,16 +578,16 @@ static void quantize_two_pass_rows(void *ctx, int64_t begin, int64_t end) {
         int32_t *sum = job->xsum + 2 * m * nb, *sum_lo = job->xsum_lo + 2 * m * nb;
         double mean_square = 0.0;
         for (int64_t b = 0; b < nb; b++) {
-            float amax = 0.0f;
-            for (int i = 0; i < QK; i++) amax = fabsf(x[b * QK + i]) > amax ? fabsf(x[b * QK + i]) : amax;
-            d[nb + b] = amax / 127.0f;             /* row 2m+1's d: scratch until the block is quantized */
-            mean_square += (double)d[nb + b] * (double)d[nb + b];
+            d[nb + b] = block_max_abs(x + b * QK);  /* row 2m+1's d: scratch until the block is quantized */
+            const double d1 = (double)(d[nb + b] / 127.0f);
+            mean_square += d1 * d1;
         }
         const double cut = job->threshold * (mean_square / (double)nb);
         for (int64_t b = 0; b < nb; b++) {
-            const int keep_lo = (double)d[nb + b] * (double)d[nb + b] >= cut;
-            quantize_split_block(x + b * QK, keep_lo, q + b * QK, q + K + b * QK, d + b, s + b, sum + b, sum_lo + b,
-                                 d + nb + b);
+            const float amax = d[nb + b];
+            const double d1 = (double)(amax / 127.0f);
+            quantize_split_block(x + b * QK, amax, d1 * d1 >= cut, q + b * QK, q + K + b * QK, d + b, s + b, sum + b,
+                                 sum_lo + b, d + nb + b);
             s[nb + b] = 0.0f;
             sum[nb + b] = sum_lo[nb + b] = 0;
         }
