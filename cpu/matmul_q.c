@@ -58,8 +58,6 @@ static const int64_t RECORD_BYTES[] = {16 + 256, 32 + 128};
 EMBER_EXPORT const char *ember_isa(void) { return EMBER_ISA; }
 
 /* ---- activation quantization ---------------------------------------------------------- */
-/* A block holding NaN or inf gets d = NaN and q = 0 (its outputs NaN, as the twin's): converting
- * NaN or inf to int is undefined in C, and x86 and ARM do give different garbage. */
 /* max |x| over a block; NaN where a value is NaN or inf */
 static inline float block_max_abs(const float *xb) {
     float amax = 0.0f;
@@ -72,6 +70,8 @@ static inline float block_max_abs(const float *xb) {
     return finite ? amax : __builtin_nanf("");
 }
 
+/* A block holding NaN or inf gets d = NaN and q = 0 (its outputs NaN, as the twin's): converting
+ * NaN or inf to int is undefined in C, and x86 and ARM do give different garbage. */
 static void quantize_block(const float *xb, int8_t *q, float *d_out, float *s_out, int32_t *sum_out,
                            int32_t *sum_lo_out) {
     const float amax = block_max_abs(xb);
