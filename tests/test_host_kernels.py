@@ -430,3 +430,22 @@ def test_a_first_compile_says_so_before_it_starts(monkeypatch, tmp_path, caplog)
         _host._build("portable")
     assert "compiling the host kernels for portable" in logged_before_compiling[0]
     assert str(tmp_path) in logged_before_compiling[0]
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+def test_a_block_too_small_for_its_16_bit_scale_is_a_zero_block_like_the_twins(library, qtype):
+    """Two passes: d = max|x| / 32512 of a block of ~1e-36 is subnormal and 1 / d overflows; the
+    block counts as zero (q 0), in the kernel and the twin alike, and the row stays finite."""
+    rng = np.random.default_rng(9)
+    weight = _weight(rng, qtype, 16, 256)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    x[1, 32:64] *= np.float32(1e-36)
+    two = ActivationQuantization(2, 0.0)
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.float32(1) / (np.abs(x[1, 32:64]).max() / np.float32(32512)))
+    assert (fake_quantize_activations(x, two)[1, 32:64] == 0).all()
+    ours, twin = matmul_q(x, weight, library, two), matmul_q_numpy(x, weight, two)
+    zeroed = x.copy()
+    zeroed[1, 32:64] = 0.0
+    np.testing.assert_array_equal(ours, matmul_q(zeroed, weight, library, two))
+    np.testing.assert_allclose(ours, twin, rtol=2e-5, atol=2e-5 * np.abs(twin).max())
