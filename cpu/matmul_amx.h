@@ -163,8 +163,7 @@ static inline __m512i row_sums(const int32_t (*sums)[2 * ROWS], int r, const int
 }
 
 /* Block b's sums of R int8 rows (R / P rows of y) into acc, with the 512-bit path's float steps
- * (scale_block16; Q4_1 adds its min as Q5_1 does; Q6_K's halves as group_pair_tile_formats
- * takes them). W and P constants. */
+ * (scale_block16; Q6_K's halves as group_pair_tile_formats takes them). W and P constants. */
 static inline __attribute__((always_inline)) void scale_tile_block(
         const int32_t W, int32_t sums[2][AMX_ROWS][2 * ROWS], const struct pair_tiles *t, const struct quantized_x *x,
         int64_t b, const int R, const int P, __m512 *acc) {
@@ -186,10 +185,7 @@ static inline __attribute__((always_inline)) void scale_tile_block(
         }
         __m512i isum = row_sums((const int32_t (*)[2 * ROWS])sums[0], r, P);
         if (offset) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(offset * x->sum[r * nb + b]));
-        __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xd)), acc[r / P]);
-        if (is_k_quant(W)) sum = _mm512_fnmadd_ps(mw, _mm512_set1_ps(xs), sum);
-        else if (W == WTYPE_Q5_1 || W == WTYPE_Q4_1) sum = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs), sum);
-        acc[r / P] = sum;
+        acc[r / P] = scale_block16(W, acc[r / P], _mm512_cvtepi32_ps(isum), dw, mw, xd, xs);
     }
 }
 

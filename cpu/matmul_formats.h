@@ -295,11 +295,12 @@ static inline void pair_scales(const uint8_t *ra, const uint8_t *rc, int32_t wty
     }
 }
 
-/* acc + sum (d xd) (+ or - mw xs): the float steps every path takes, in this order */
+/* acc + sum (d xd) (+ or - mw xs): the float steps every path takes, in this order (Q4_1's min
+ * as Q5_1's: the AMX path scales Q4_1 here too) */
 static inline __m512 scale_block16(int32_t wtype, __m512 acc, __m512 fsum, __m512 dw, __m512 mw, float xd, float xs) {
     __m512 sum = _mm512_fmadd_ps(fsum, _mm512_mul_ps(dw, _mm512_set1_ps(xd)), acc);
     if (is_k_quant(wtype)) sum = _mm512_fnmadd_ps(mw, _mm512_set1_ps(xs), sum);
-    else if (wtype == WTYPE_Q5_1) sum = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs), sum);
+    else if (wtype == WTYPE_Q5_1 || wtype == WTYPE_Q4_1) sum = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs), sum);
     return sum;
 }
 
