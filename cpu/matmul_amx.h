@@ -55,6 +55,11 @@ static int amx_permission(void) {                /* 1 granted, -1 refused; asked
 
 EMBER_EXPORT int ember_amx_ready(void) { return amx_permission() > 0; }
 
+/* Tiles B hold Q8_0's values, and the unsigned formats' values less their offset (Q4_0 8, Q5_0 16,
+ * Q6_K 32), signed: the int32 sums are then those of the offset values, exactly what the 512-bit
+ * path computes as sum(x u) - offset sum(x), without that step per row and block. */
+static inline int signed_tile_values(int32_t wtype) { return wtype == WTYPE_Q8_0 || FORMATS[wtype].offset != 0; }
+
 static int amx_min_rows(int32_t wtype) { return wtype == WTYPE_Q6_K ? AMX_MIN_ROWS_HALVES : AMX_MIN_ROWS; }
 
 static void set_tile(struct tile_config *config, int tile, int rows, int colsb) {
@@ -88,11 +93,11 @@ static void configure_tiles(enum tile_layout layout) {
 
 /* A pair of groups as the tiles read it, built once for all its tiles A: each block's tile B (512
  * bytes: Q4_1's nibbles unpacked, chunk c's low nibbles are k4 = 2c, its high nibbles k4 = 2c + 1;
- * Q8_0's chunks as they are; the other formats' values decoded, V_j is row k4 = j: Q6_K's halves
- * are rows 0-3 and 4-7), the block's weight scales dw and mw of the 16 rows (pair_scales) and
- * Q6_K's integer half scales (sc: 16 of the first half, then 16 of the second), so that the
- * per-tile loop only scales. */
-struct pair_tiles { uint8_t *b; float *dw, *mw; int32_t *sc; };
+ * Q8_0's chunks as they are; the other formats' values decoded less their offset
+ * (signed_tile_values), V_j is row k4 = j: Q6_K's halves are rows 0-3 and 4-7), the block's weight
+ * scales dw and mw of the 16 rows (pair_scales) and Q6_K's half scales as floats (sc: 16 of the
+ * first half, then 16 of the second), so that the per-tile loop only scales. */
+struct pair_tiles { uint8_t *b; float *dw, *mw, *sc; };
 
 static void build_pair_tiles(const uint8_t *ga, const uint8_t *gb, int32_t wtype, int64_t nb,
                              const struct pair_tiles *t) {
@@ -104,15 +109,16 @@ static void build_pair_tiles(const uint8_t *ga, const uint8_t *gb, int32_t wtype
         if (is_unsigned_format(wtype)) {
             __m512i v[8];
             decode_values16(body_of(ga, wtype, b), body_of(gb, wtype, b), FORMATS[wtype].high_bits, v);
-            for (int j = 0; j < 8; j++) _mm512_store_si512(tile + j, v[j]);
+            const __m512i offset = _mm512_set1_epi8((char)FORMATS[wtype].offset);
+            for (int j = 0; j < 8; j++) _mm512_store_si512(tile + j, _mm512_sub_epi8(v[j], offset));
             const uint8_t *rec_a = record_of(ga, wtype, b), *rec_b = record_of(gb, wtype, b);
             const int bi = (int)(b % FORMATS[wtype].blocks);
             __m512 d, m;
             record_scales(rec_a, rec_b, wtype, &d, &m);
             pair_scales(rec_a, rec_b, wtype, bi, d, m, &dw, &mw);
             if (wtype == WTYPE_Q6_K) {
-                _mm512_store_si512(t->sc + 32 * b, i8x16_epi32(rec_a + 16 + 16 * bi, rec_b + 16 + 16 * bi));
-                _mm512_store_si512(t->sc + 32 * b + 16, i8x16_epi32(rec_a + 24 + 16 * bi, rec_b + 24 + 16 * bi));
+                _mm512_store_ps(t->sc + 32 * b, _mm512_cvtepi32_ps(i8x16_epi32(rec_a + 16 + 16 * bi, rec_b + 16 + 16 * bi)));
+                _mm512_store_ps(t->sc + 32 * b + 16, _mm512_cvtepi32_ps(i8x16_epi32(rec_a + 24 + 16 * bi, rec_b + 24 + 16 * bi)));
             }
         } else if (wtype == WTYPE_Q4_1) {
             for (int c = 0; c < 4; c++) unpack_q4_chunk(ra, rc, c, tile + 2 * c, tile + 2 * c + 1);
@@ -136,14 +142,14 @@ static inline __attribute__((always_inline)) void tile_block(const int32_t W, co
         _tile_loadd(A, xq + b * QK, K); \
         _tile_loadd(B, tiles + b * 512, 64); \
         _tile_zero(C); \
-        if (W == WTYPE_Q8_0) _tile_dpbssd(C, A, B); \
-        else _tile_dpbsud(C, A, B);                   /* signed x, unsigned values */ \
+        if (signed_tile_values(W)) _tile_dpbssd(C, A, B); \
+        else _tile_dpbsud(C, A, B);                   /* signed x, unsigned values (no offset) */ \
         _tile_stored(C, sums[0], 64); } while (0)
 #define TILE_HALF(C, A, B, h) do { \
         _tile_loadd(A, xq + b * QK + (QK / 2) * (h), K); \
         _tile_loadd(B, tiles + b * 512 + 256 * (h), 64); \
         _tile_zero(C); \
-        _tile_dpbsud(C, A, B); \
+        _tile_dpbssd(C, A, B); \
         _tile_stored(C, sums[h], 64); } while (0)
     if (W == WTYPE_Q6_K) {
         if (b & 1) { TILE_HALF(HALF_C1A, HALF_AA, HALF_BA, 0); TILE_HALF(HALF_C1B, HALF_AB, HALF_BB, 1); }
@@ -168,24 +174,19 @@ static inline __m512i row_sums(const int32_t (*sums)[2 * ROWS], int r, const int
 static inline __attribute__((always_inline)) void scale_tile_block(
         const int32_t W, int32_t sums[2][AMX_ROWS][2 * ROWS], const struct pair_tiles *t, const struct quantized_x *x,
         int64_t b, const int R, const int P, __m512 *acc) {
-    const int32_t offset = FORMATS[W].offset;
     const int64_t nb = x->nb;
     const __m512 dw = _mm512_load_ps(t->dw + 16 * b), mw = _mm512_load_ps(t->mw + 16 * b);
     for (int r = 0; r < R; r += P) {
         const float xd = x->d[r * nb + b], xs = x->s[r * nb + b];
         if (W == WTYPE_Q6_K) {
-            const int32_t lo_x = x->sum_lo[r * nb + b], hi_x = x->sum[r * nb + b] - lo_x;
-            const __m512i lo = _mm512_sub_epi32(row_sums((const int32_t (*)[2 * ROWS])sums[0], r, P),
-                                                _mm512_set1_epi32(32 * lo_x));
-            const __m512i hi = _mm512_sub_epi32(row_sums((const int32_t (*)[2 * ROWS])sums[1], r, P),
-                                                _mm512_set1_epi32(32 * hi_x));
-            const __m512 fsum = _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(lo, _mm512_load_si512(t->sc + 32 * b))),
-                                              _mm512_cvtepi32_ps(_mm512_mullo_epi32(hi, _mm512_load_si512(t->sc + 32 * b + 16))));
+            const __m512i lo = row_sums((const int32_t (*)[2 * ROWS])sums[0], r, P);
+            const __m512i hi = row_sums((const int32_t (*)[2 * ROWS])sums[1], r, P);
+            const __m512 fsum = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(lo), _mm512_load_ps(t->sc + 32 * b)),
+                                              _mm512_mul_ps(_mm512_cvtepi32_ps(hi), _mm512_load_ps(t->sc + 32 * b + 16)));
             acc[r / P] = scale_block16(W, acc[r / P], fsum, dw, mw, xd, xs);
             continue;
         }
-        __m512i isum = row_sums((const int32_t (*)[2 * ROWS])sums[0], r, P);
-        if (offset) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(offset * x->sum[r * nb + b]));
+        const __m512i isum = row_sums((const int32_t (*)[2 * ROWS])sums[0], r, P);
         acc[r / P] = scale_block16(W, acc[r / P], _mm512_cvtepi32_ps(isum), dw, mw, xd, xs);
     }
 }
@@ -220,7 +221,7 @@ static inline __attribute__((always_inline)) int format_groups_amx(const int32_t
     struct pair_tiles t[AMX_PAIRS_PER_PASS];
     for (int p = 0; p < AMX_PAIRS_PER_PASS; p++) {
         uint8_t *at = buffer + p * pair_bytes;
-        t[p] = (struct pair_tiles){at, (float *)(at + nb * 512), (float *)(at + nb * 576), (int32_t *)(at + nb * 640)};
+        t[p] = (struct pair_tiles){at, (float *)(at + nb * 512), (float *)(at + nb * 576), (float *)(at + nb * 640)};
     }
     configure_tiles(W == WTYPE_Q6_K ? HALF_BLOCKS : WHOLE_BLOCKS);
     float out[AMX_ROWS][ROWS], out_b[AMX_ROWS][ROWS];

@@ -204,6 +204,11 @@ static inline __attribute__((always_inline)) void group_tile_formats(
         } else if (wtype == WTYPE_Q5_1) {
             mw = load_f16x8(rec + 16);
         }
+        /* Q6_K's half sums times their int8 scales, in float: a half sum is below 2^24 in magnitude
+         * (16 x 32512 x 32), so converting it is exact, and the float product rounds the exact
+         * product once, as converting the int32 product does: the bits of the integer multiply. */
+        const __m256 sc_lo = wtype == WTYPE_Q6_K ? _mm256_cvtepi32_ps(i8x8_epi32(rec + 16 + 16 * bi)) : dw;
+        const __m256 sc_hi = wtype == WTYPE_Q6_K ? _mm256_cvtepi32_ps(i8x8_epi32(rec + 24 + 16 * bi)) : dw;
         for (int r = 0; r < R; r += P) {
             const int8_t *xb = xq + r * K + b * 32;
             __m256 fsum;
@@ -211,8 +216,7 @@ static inline __attribute__((always_inline)) void group_tile_formats(
                 const __m256i lo = _mm256_sub_epi32(dot4_rows8(v, xb, K, 0, P), _mm256_set1_epi32(32 * xsum_lo[r * nb + b]));
                 const __m256i hi = _mm256_sub_epi32(dot4_rows8(v, xb, K, 4, P),
                                                     _mm256_set1_epi32(32 * (xsum[r * nb + b] - xsum_lo[r * nb + b])));
-                fsum = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_mullo_epi32(lo, i8x8_epi32(rec + 16 + 16 * bi))),
-                                     _mm256_cvtepi32_ps(_mm256_mullo_epi32(hi, i8x8_epi32(rec + 24 + 16 * bi))));
+                fsum = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(lo), sc_lo), _mm256_mul_ps(_mm256_cvtepi32_ps(hi), sc_hi));
             } else {
                 __m256i isum = _mm256_add_epi32(dot4_values8(v, xb, 0), dot4_values8(v, xb, 4));
                 if (P == 2) isum = split_combine8(isum, _mm256_add_epi32(dot4_values8(v, xb + K, 0), dot4_values8(v, xb + K, 4)));
@@ -325,6 +329,9 @@ static inline __attribute__((always_inline)) void group_pair_tile_formats(
         if (bi == 0) record_scales(ra, rc, wtype, &d, &m);
         __m512 dw, mw;
         pair_scales(ra, rc, wtype, bi, d, m, &dw, &mw);
+        /* Q6_K's half scales as floats: the integer multiply's bits (see the 256-bit path) */
+        const __m512 sc_lo = wtype == WTYPE_Q6_K ? _mm512_cvtepi32_ps(i8x16_epi32(ra + 16 + 16 * bi, rc + 16 + 16 * bi)) : dw;
+        const __m512 sc_hi = wtype == WTYPE_Q6_K ? _mm512_cvtepi32_ps(i8x16_epi32(ra + 24 + 16 * bi, rc + 24 + 16 * bi)) : dw;
         for (int r = 0; r < R; r += P) {
             const int8_t *xb = xq + r * K + b * 32;
             __m512 fsum;
@@ -332,9 +339,7 @@ static inline __attribute__((always_inline)) void group_pair_tile_formats(
                 const int32_t lo_x = xsum_lo[r * nb + b], hi_x = xsum[r * nb + b] - lo_x;
                 const __m512i lo = _mm512_sub_epi32(dot4_rows16(v, xb, K, 0, P), _mm512_set1_epi32(32 * lo_x));
                 const __m512i hi = _mm512_sub_epi32(dot4_rows16(v, xb, K, 4, P), _mm512_set1_epi32(32 * hi_x));
-                fsum = _mm512_add_ps(
-                    _mm512_cvtepi32_ps(_mm512_mullo_epi32(lo, i8x16_epi32(ra + 16 + 16 * bi, rc + 16 + 16 * bi))),
-                    _mm512_cvtepi32_ps(_mm512_mullo_epi32(hi, i8x16_epi32(ra + 24 + 16 * bi, rc + 24 + 16 * bi))));
+                fsum = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(lo), sc_lo), _mm512_mul_ps(_mm512_cvtepi32_ps(hi), sc_hi));
             } else {
                 __m512i isum = _mm512_add_epi32(dot4_values16(v, xb, 0), dot4_values16(v, xb, 4));
                 if (P == 2)
