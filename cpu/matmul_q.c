@@ -384,8 +384,11 @@ static inline __attribute__((always_inline)) void group_pair_tile(
 
 /* A tile's outputs: R int8 rows of x are R / P rows of y (two passes: a row pair is one row). */
 static void store_tile(float out[][ROWS], int R, int32_t P, int64_t n0, int64_t N, float *y, int64_t ldy) {
-    const int64_t count = N - n0 < ROWS ? N - n0 : ROWS;
-    for (int r = 0; r < R / P; r++) memcpy(y + r * ldy + n0, out[r], sizeof(float) * (size_t)count);
+    if (N - n0 >= ROWS) {   /* a constant size: moves, not a call to memcpy per row */
+        for (int r = 0; r < R / P; r++) memcpy(y + r * ldy + n0, out[r], sizeof(float) * ROWS);
+        return;
+    }
+    for (int r = 0; r < R / P; r++) memcpy(y + r * ldy + n0, out[r], sizeof(float) * (size_t)(N - n0));
 }
 
 /* The rows left after the full tiles of MR, one instantiation per count (R a constant). */
