@@ -397,6 +397,24 @@ static void store_tile(float out[][ROWS], int R, int32_t P, int64_t n0, int64_t 
         case 4: TILE_OF(4); break; case 3: TILE_OF(3); break; case 2: TILE_OF(2); break; \
         case 1: TILE_OF(1); break; default: break; } } while (0)
 
+#if defined(PAIRED_GROUPS)
+/* With two passes a pair of groups takes up to 12 int8 rows in one tile when that is all there is
+ * (6 rows of x: 6 accumulators with both groups' columns each), so that a weight block is decoded
+ * once for them: a 5-token verification step, 10 int8 rows, was a tile of 8 and one of 2, two
+ * sweeps of the weights (bench_matmul, 5 rows: 13-15% faster). From 14 rows tiles of 8 were as
+ * fast or faster. */
+#define SMALL_PAIR_ROWS 12
+#define PAIR_TILES(m, m1, P, PAIR) do { \
+        if ((P) == 2 && (m1) - (m) <= SMALL_PAIR_ROWS) { \
+            switch ((m1) - (m)) { \
+            case 12: PAIR(12); break; case 10: PAIR(10); break; case 8: PAIR(8); break; \
+            case 6: PAIR(6); break; case 4: PAIR(4); break; case 2: PAIR(2); break; default: break; } \
+        } else { \
+            for (; (m) + MR <= (m1); (m) += MR) PAIR(MR); \
+            TAIL_TILES((m1) - (m), PAIR); \
+        } } while (0)
+#endif
+
 /* x as the kernels read it: int8 rows, per block d, d * sum q, sum q and the sum of its first 16 */
 struct quantized_x { const int8_t *q; const float *d, *s; const int32_t *sum, *sum_lo; int64_t K, nb; };
 
@@ -424,8 +442,7 @@ static inline __attribute__((always_inline)) void format_groups(
                                              at.sum_lo, R, P, out, out_b); \
                      store_tile(out, R, P, g * ROWS, N, y + (m / P) * ldy, ldy); \
                      store_tile(out_b, R, P, (g + 1) * ROWS, N, y + (m / P) * ldy, ldy); } while (0)
-        for (; m + MR <= m1; m += MR) PAIR(MR);
-        TAIL_TILES(m1 - m, PAIR);
+        PAIR_TILES(m, m1, P, PAIR);
 #undef PAIR
     }
 #endif
@@ -483,8 +500,7 @@ static inline __attribute__((always_inline)) void q8_groups(
                                      xs + m * nb, xsum + m * nb, R, P, out, out_b); \
                      store_tile(out, R, P, g * ROWS, N, y + (m / P) * ldy, ldy); \
                      store_tile(out_b, R, P, (g + 1) * ROWS, N, y + (m / P) * ldy, ldy); } while (0)
-        for (; m + MR <= m1; m += MR) PAIR(MR);
-        TAIL_TILES(m1 - m, PAIR);
+        PAIR_TILES(m, m1, P, PAIR);
 #undef PAIR
     }
 #endif
@@ -615,6 +631,9 @@ static void matmul_part(const EmberWeightPart *part, const struct quantized_x *x
     if (part->rows == 0) return;
     int64_t chunk = X_TILE_BYTES / x->K / MR * MR;   /* a multiple of MR: two-pass pairs stay whole */
     if (chunk < MR) chunk = MR;
+#if defined(PAIRED_GROUPS)
+    if (passes == 2 && rows <= SMALL_PAIR_ROWS) chunk = rows;   /* one tile (PAIR_TILES) */
+#endif
 #if defined(AMX_TILES)
     const int32_t amx = rows >= amx_min_rows(part->wtype) && amx_permission() > 0;
 #else

@@ -284,20 +284,24 @@ def test_a_format_without_a_kernel_is_requantized_to_q8_0():
     assert np.abs(served.dequantize() - reference).max() <= np.abs(reference).max() / 127
 
 
-@pytest.mark.parametrize("rows", [1, 3, 11, 40])
+@pytest.mark.parametrize("rows", [1, 3, 5, 6, 11, 40])
 @pytest.mark.parametrize("passes", [1, 2])
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_every_isa_path_is_the_portable_path_bit_for_bit(qtype, passes, rows):
-    """Exact integer sums and the same float steps (fused multiply-adds) on every path; AMX from 8
-    int8 rows. 37 weight rows: a lone group beside the pairs; a zero block of x."""
+    """Exact integer sums and the same float steps (fused multiply-adds) on every path; the
+    512-bit pairs take up to 12 int8 rows in one tile (5 and 6 rows of x, two passes), AMX from 12
+    int8 rows (Q6_K 32). 37 weight rows: a lone group beside the pairs; a zero block of x."""
     rng = np.random.default_rng(rows)
     weight = _weight(rng, qtype, 37, 512)
     x = rng.standard_normal((rows, 512)).astype(np.float32) * rng.uniform(0.1, 9, (1, 512)).astype(np.float32)
     x[rows // 2, 32:64] = 0.0
     scheme = ActivationQuantization(passes, 0.5)
     portable = matmul_q(x, weight, _host.load_library("portable"), scheme)
-    for isa in RUNNABLE:
-        np.testing.assert_array_equal(matmul_q(x, weight, _host.load_library(isa), scheme), portable, err_msg=isa)
+    # every result kept: a freed output's memory, reused by the next call's np.empty, would hide
+    # rows a path left unwritten
+    results = {isa: matmul_q(x, weight, _host.load_library(isa), scheme) for isa in RUNNABLE}
+    for isa, result in results.items():
+        np.testing.assert_array_equal(result, portable, err_msg=isa)
 
 
 @pytest.mark.parametrize("rows", [3, 11])        # 11: 22 int8 rows, AMX's tiles where the CPU has them
