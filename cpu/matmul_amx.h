@@ -163,10 +163,27 @@ static inline __attribute__((always_inline)) void tile_block(const int32_t W, co
 #undef TILE_BLOCK
 }
 
-/* Row r's sums of one set (P = 2: rows r and r + 1, a row pair's hi and lo, combined) */
+/* Two passes: x's row pairs q = 255 hi + lo (both within +-127) split again as q = 256 hi + lo
+ * (hi within +-127, lo within -128..127: q is within +-32512), for the tiles alone: a pair's
+ * sums then combine with a shift and an add instead of a multiply by 255 as three steps, and
+ * they are the same integers, so the bits of every other path. Once per matmul: O(M K). */
+static void split_for_tiles(const int8_t *xq, int64_t M, int64_t K, int8_t *out) {
+    for (int64_t m = 0; m < M; m++) {
+        const int8_t *hi = xq + 2 * m * K, *lo = hi + K;
+        int8_t *hi_out = out + 2 * m * K, *lo_out = hi_out + K;
+        for (int64_t k = 0; k < K; k++) {
+            const int32_t q = SPLIT_BASE * hi[k] + lo[k];
+            const int32_t h = (q + 128 + 256 * 128) / 256 - 128;        /* floor((q + 128) / 256) */
+            hi_out[k] = (int8_t)h;
+            lo_out[k] = (int8_t)(q - 256 * h);
+        }
+    }
+}
+
+/* Row r's sums of one set (P = 2: rows r and r + 1, a row pair's 256 hi and lo, combined) */
 static inline __m512i row_sums(const int32_t (*sums)[2 * ROWS], int r, const int P) {
     const __m512i sum = _mm512_load_si512(sums[r]);
-    return P == 2 ? split_combine16(sum, _mm512_load_si512(sums[r + 1])) : sum;
+    return P == 2 ? _mm512_add_epi32(_mm512_slli_epi32(sum, 8), _mm512_load_si512(sums[r + 1])) : sum;
 }
 
 /* Block b's sums of R int8 rows (R / P rows of y) into acc, with the 512-bit path's float steps
@@ -201,9 +218,10 @@ static inline __attribute__((always_inline)) void pair_tile_amx(
     __m512 acc[AMX_ROWS];
     for (int r = 0; r < R / P; r++) acc[r] = _mm512_setzero_ps();
     const int64_t nb = x->nb;
-    tile_block(W, t->b, x->q, x->K, 0, sums[0]);
+    const int8_t *xq = P == 2 ? x->q_tiles : x->q;
+    tile_block(W, t->b, xq, x->K, 0, sums[0]);
     for (int64_t b = 0; b < nb; b++) {
-        if (b + 1 < nb) tile_block(W, t->b, x->q, x->K, b + 1, sums[(b + 1) & 1]);
+        if (b + 1 < nb) tile_block(W, t->b, xq, x->K, b + 1, sums[(b + 1) & 1]);
         scale_tile_block(W, sums[b & 1], t, x, b, R, P, acc);
     }
     store_pair_rows(acc, R / P, out_a, out_b);
@@ -251,6 +269,7 @@ static inline __attribute__((always_inline)) int format_groups_amx(const int32_t
 }
 
 static int groups_amx(const struct matmul_job *j, int64_t g0, int64_t g1) {
+    if (j->passes == 2 && !j->x.q_tiles) return 0;   /* x not split for the tiles: the 512-bit path */
 #define AMX(W) (j->passes == 2 ? format_groups_amx(W, 2, j, g0, g1) : format_groups_amx(W, 1, j, g0, g1))
     switch (j->wtype) {
     case WTYPE_Q8_0: return AMX(WTYPE_Q8_0);

@@ -416,11 +416,13 @@ static void store_tile(float out[][ROWS], int R, int32_t P, int64_t n0, int64_t 
 #endif
 
 /* x as the kernels read it: int8 rows, per block d, d * sum q, sum q and the sum of its first 16 */
-struct quantized_x { const int8_t *q; const float *d, *s; const int32_t *sum, *sum_lo; int64_t K, nb; };
+struct quantized_x { const int8_t *q; const float *d, *s; const int32_t *sum, *sum_lo; int64_t K, nb;
+                     const int8_t *q_tiles; };   /* two passes on AMX: q's row pairs as 256 hi + lo (matmul_amx.h) */
 
 static struct quantized_x x_from(const struct quantized_x *x, int64_t m) {
     struct quantized_x at = *x;
     at.q += m * x->K; at.d += m * x->nb; at.s += m * x->nb; at.sum += m * x->nb; at.sum_lo += m * x->nb;
+    if (at.q_tiles) at.q_tiles += m * x->K;
     return at;
 }
 
@@ -663,7 +665,7 @@ EMBER_EXPORT int ember_matmul_parts(const float *x, int64_t M, int64_t K, int64_
     }
     if (M == 0 || count == 0) return 0;
     const int64_t nb = K / QK, rows = M * passes;
-    int8_t *xq = NULL;
+    int8_t *xq = NULL, *xt = NULL;
     float *xd = NULL;
     struct quantized_x quantized = {0};
     if (quantized_parts) {
@@ -676,7 +678,16 @@ EMBER_EXPORT int ember_matmul_parts(const float *x, int64_t M, int64_t K, int64_
         int32_t *xsum = (int32_t *)(xs + rows * nb), *xsum_lo = xsum + rows * nb;
         if (passes == 2) quantize_two_pass(x, M, K, ldx, second_pass_threshold, xq, xd, xs, xsum, xsum_lo);
         else quantize_one_pass(x, M, K, ldx, xq, xd, xs, xsum, xsum_lo);
-        quantized = (struct quantized_x){xq, xd, xs, xsum, xsum_lo, K, nb};
+        quantized = (struct quantized_x){xq, xd, xs, xsum, xsum_lo, K, nb, NULL};
+#if defined(AMX_TILES)
+        if (passes == 2 && rows >= AMX_MIN_ROWS && amx_permission() > 0) {
+            xt = (int8_t *)malloc((size_t)(padded_rows * K + 64));
+            if (!xt) { free(xq); free(xd); return -2; }
+            memset(xt + rows * K, 0, (size_t)((padded_rows - rows) * K));
+            split_for_tiles(xq, M, K, xt);
+            quantized.q_tiles = xt;
+        }
+#endif
     }
     int status = 0;
     int64_t column = 0;
@@ -689,6 +700,7 @@ EMBER_EXPORT int ember_matmul_parts(const float *x, int64_t M, int64_t K, int64_
         column += parts[p].rows;
     }
     free(xq);
+    free(xt);
     free(xd);
     return status;
 }
