@@ -62,6 +62,9 @@ static inline int signed_tile_values(int32_t wtype) { return wtype == WTYPE_Q8_0
 
 static int amx_min_rows(int32_t wtype) { return wtype == WTYPE_Q6_K ? AMX_MIN_ROWS_HALVES : AMX_MIN_ROWS; }
 
+/* Whether a matrix of format wtype times `rows` int8 rows of x runs on the tiles. */
+static int amx_takes(int64_t rows, int32_t wtype) { return rows >= amx_min_rows(wtype) && amx_permission() > 0; }
+
 static void set_tile(struct tile_config *config, int tile, int rows, int colsb) {
     config->rows[tile] = (uint8_t)rows;
     config->colsb[tile] = (uint16_t)colsb;
@@ -167,8 +170,14 @@ static inline __attribute__((always_inline)) void tile_block(const int32_t W, co
  * (hi within +-127, lo within -128..127: q is within +-32512), for the tiles alone: a pair's
  * sums then combine with a shift and an add instead of a multiply by 255 as three steps, and
  * they are the same integers, so the bits of every other path. Once per matmul: O(M K). */
-static void split_for_tiles(const int8_t *xq, int64_t M, int64_t K, int8_t *out) {
-    for (int64_t m = 0; m < M; m++) {
+struct split_job { const int8_t *xq; int64_t K; int8_t *out; };
+
+static void split_rows_for_tiles(void *ctx, int64_t begin, int64_t end) {
+    const struct split_job *job = ctx;
+    const int8_t *xq = job->xq;
+    const int64_t K = job->K;
+    int8_t *out = job->out;
+    for (int64_t m = begin; m < end; m++) {
         const int8_t *hi = xq + 2 * m * K, *lo = hi + K;
         int8_t *hi_out = out + 2 * m * K, *lo_out = hi_out + K;
         for (int64_t k = 0; k < K; k++) {
@@ -178,6 +187,12 @@ static void split_for_tiles(const int8_t *xq, int64_t M, int64_t K, int8_t *out)
             lo_out[k] = (int8_t)(q - 256 * h);
         }
     }
+}
+
+static void split_for_tiles(const int8_t *xq, int64_t M, int64_t K, int8_t *out) {   /* as quantize_two_pass */
+    struct split_job job = {xq, K, out};
+    if (M >= 8) ember_parallel_for(M, split_rows_for_tiles, &job);
+    else split_rows_for_tiles(&job, 0, M);
 }
 
 /* Row r's sums of one set (P = 2: rows r and r + 1, a row pair's 256 hi and lo, combined) */
