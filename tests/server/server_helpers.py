@@ -31,8 +31,19 @@ def http(base_url: str, method: str, path: str, body=None, headers: dict | None 
 def metric(base_url: str, name: str, **labels) -> float | None:
     """The value of one sample on /metrics (summed over label sets matching `labels`)."""
     _, _, text = http(base_url, "GET", "/metrics")
+    return _sample(text.decode(), name, labels)
+
+
+def metrics(base_url: str, *names: str) -> list[float | None]:
+    """Several samples from one read of /metrics: gauges compared with each other must not move
+    between two reads."""
+    _, _, text = http(base_url, "GET", "/metrics")
+    return [_sample(text.decode(), name, {}) for name in names]
+
+
+def _sample(text: str, name: str, labels: dict) -> float | None:
     total, found = 0.0, False
-    for line in text.decode().splitlines():
+    for line in text.splitlines():
         match = re.match(r"^([\w:]+)(\{[^}]*\})?\s+(\S+)$", line)
         if not match or match.group(1) != name:
             continue
