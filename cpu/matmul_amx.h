@@ -136,24 +136,22 @@ static void build_pair_tiles(const uint8_t *ga, const uint8_t *gb, int32_t wtype
     }
 }
 
-/* Block b's int32 sums of 16 x rows against the pair, into sums[0] (16 rows of 16; Q6_K: the
- * first half's, and the second half's into sums[1]); the two sets alternate with b. W a constant. */
+/* Block b's products of 16 x rows against the pair, into the tiles C of set b & 1 (Q6_K: one per
+ * half); W a constant. store_block stores them after block b + 1's products are issued: a
+ * product's latency is ~3 times its issue interval, and a store right behind it waits it out. */
 static inline __attribute__((always_inline)) void tile_block(const int32_t W, const uint8_t *tiles,
-                                                             const int8_t *xq, int64_t K, int64_t b,
-                                                             int32_t sums[2][AMX_ROWS][2 * ROWS]) {
+                                                             const int8_t *xq, int64_t K, int64_t b) {
 #define TILE_BLOCK(C, A, B) do { \
         _tile_loadd(A, xq + b * QK, K); \
         _tile_loadd(B, tiles + b * 512, 64); \
         _tile_zero(C); \
         if (signed_tile_values(W)) _tile_dpbssd(C, A, B); \
-        else _tile_dpbsud(C, A, B);                   /* signed x, unsigned values (no offset) */ \
-        _tile_stored(C, sums[0], 64); } while (0)
+        else _tile_dpbsud(C, A, B); } while (0)       /* signed x, unsigned values (no offset) */
 #define TILE_HALF(C, A, B, h) do { \
         _tile_loadd(A, xq + b * QK + (QK / 2) * (h), K); \
         _tile_loadd(B, tiles + b * 512 + 256 * (h), 64); \
         _tile_zero(C); \
-        _tile_dpbssd(C, A, B); \
-        _tile_stored(C, sums[h], 64); } while (0)
+        _tile_dpbssd(C, A, B); } while (0)
     if (W == WTYPE_Q6_K) {
         if (b & 1) { TILE_HALF(HALF_C1A, HALF_AA, HALF_BA, 0); TILE_HALF(HALF_C1B, HALF_AB, HALF_BB, 1); }
         else { TILE_HALF(HALF_C0A, HALF_AA, HALF_BA, 0); TILE_HALF(HALF_C0B, HALF_AB, HALF_BB, 1); }
@@ -164,6 +162,20 @@ static inline __attribute__((always_inline)) void tile_block(const int32_t W, co
     }
 #undef TILE_HALF
 #undef TILE_BLOCK
+}
+
+/* Block b's int32 sums from its tiles C into sums[0] (16 rows of 16; Q6_K: the first half's, and
+ * the second half's into sums[1]). */
+static inline __attribute__((always_inline)) void store_block(const int32_t W, int64_t b,
+                                                              int32_t sums[2][AMX_ROWS][2 * ROWS]) {
+    if (W == WTYPE_Q6_K) {
+        if (b & 1) { _tile_stored(HALF_C1A, sums[0], 64); _tile_stored(HALF_C1B, sums[1], 64); }
+        else { _tile_stored(HALF_C0A, sums[0], 64); _tile_stored(HALF_C0B, sums[1], 64); }
+    } else if (b & 1) {
+        _tile_stored(TILE_C1, sums[0], 64);
+    } else {
+        _tile_stored(TILE_C0, sums[0], 64);
+    }
 }
 
 /* Two passes: x's row pairs q = 255 hi + lo (both within +-127) split again as q = 256 hi + lo
@@ -229,15 +241,16 @@ static inline __attribute__((always_inline)) void scale_tile_block(
 static inline __attribute__((always_inline)) void pair_tile_amx(
         const int32_t W, const struct pair_tiles *t, const struct quantized_x *x, const int R, const int P,
         float out_a[][ROWS], float out_b[][ROWS]) {
-    int32_t sums[2][2][AMX_ROWS][2 * ROWS] __attribute__((aligned(64)));
+    int32_t sums[2][AMX_ROWS][2 * ROWS] __attribute__((aligned(64)));
     __m512 acc[AMX_ROWS];
     for (int r = 0; r < R / P; r++) acc[r] = _mm512_setzero_ps();
     const int64_t nb = x->nb;
     const int8_t *xq = P == 2 ? x->q_tiles : x->q;
-    tile_block(W, t->b, xq, x->K, 0, sums[0]);
+    tile_block(W, t->b, xq, x->K, 0);
     for (int64_t b = 0; b < nb; b++) {
-        if (b + 1 < nb) tile_block(W, t->b, xq, x->K, b + 1, sums[(b + 1) & 1]);
-        scale_tile_block(W, sums[b & 1], t, x, b, R, P, acc);
+        if (b + 1 < nb) tile_block(W, t->b, xq, x->K, b + 1);
+        store_block(W, b, sums);
+        scale_tile_block(W, sums, t, x, b, R, P, acc);
     }
     store_pair_rows(acc, R / P, out_a, out_b);
 }
