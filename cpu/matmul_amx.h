@@ -18,7 +18,7 @@
 #define AMX_TILES 1
 #define AMX_ROWS 16                  /* int8 rows of x per tile A */
 #define AMX_MIN_ROWS 12              /* fewer int8 rows: the 512-bit path is as fast or faster (bench_matmul) */
-#define AMX_MIN_ROWS_HALVES 32       /* Q6_K's two products a block: faster from here (bench_matmul) */
+#define AMX_MIN_ROWS_HALVES 16       /* Q6_K's two products a block: faster from here (bench_matmul) */
 #define AMX_PAIRS_PER_PASS 4         /* pairs built together, each tile A used for all of them (bench_matmul) */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18

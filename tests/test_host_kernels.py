@@ -290,7 +290,7 @@ def test_a_format_without_a_kernel_is_requantized_to_q8_0():
 def test_every_isa_path_is_the_portable_path_bit_for_bit(qtype, passes, rows):
     """Exact integer sums and the same float steps (fused multiply-adds) on every path; the
     512-bit pairs take up to 12 int8 rows in one tile (5 and 6 rows of x, two passes), AMX from 12
-    int8 rows (Q6_K 32). 37 weight rows: a lone group beside the pairs; a zero block of x."""
+    int8 rows (Q6_K 16). 37 weight rows: a lone group beside the pairs; a zero block of x."""
     rng = np.random.default_rng(rows)
     weight = _weight(rng, qtype, 37, 512)
     x = rng.standard_normal((rows, 512)).astype(np.float32) * rng.uniform(0.1, 9, (1, 512)).astype(np.float32)
