@@ -24,9 +24,10 @@
  * (cpu/threadpool.h), longest first, each thread claiming the next from a shared counter; the
  * next chunk's K/V rows are prefetched while a chunk is computed (decode is bandwidth-bound).
  *
- * SIMD: with AVX2+FMA (and head_dim a multiple of 8) scores are 8 keys per dot8 (8 accumulators,
- * one horizontal transpose-reduce), exp is a vectorised Cephes polynomial, and V rows are
- * accumulated into 8 registers per 64 dims; F16C converts f16 pages. The portable path is plain C
+ * SIMD: with AVX2+FMA (and head_dim a multiple of 8) scores are 8 keys per dot8_rows (an
+ * accumulator per key, hadd trees), exp is a vectorised Cephes polynomial, and V rows are
+ * accumulated 32 dims at a time; a query's GQA heads are updated ROW_BLOCK at a time, sharing
+ * every K and V load (each row's steps are a lone row's); F16C converts f16 pages. The portable path is plain C
  * (expf, 8 partial sums per dot) that any compiler builds.
  *
  * Batch invariance: tiles and key ranges are cut from the sequence's own q_len and context
@@ -46,6 +47,8 @@
 #define QUERY_TILE 16     /* queries per work item of a multi-tile (prefill) sequence */
 #define KEY_SPLIT 128     /* keys per work item of a single-tile sequence */
 #define MIN_PARALLEL_COST 512   /* row-key pairs below which the calling thread runs it all */
+#define SCORE_ROWS 4      /* rows whose chunk scores are held at once (the most any path updates together) */
+#define SCORE_STRIDE (KEY_CHUNK + 8)   /* floats per row of scores: a chunk padded to whole vectors */
 
 enum { ATTN_OK = 0, ATTN_BAD_SHAPE = 1, ATTN_BAD_LENGTHS = 2, ATTN_BAD_BLOCK = 3, ATTN_NO_MEMORY = 4 };
 
@@ -137,6 +140,11 @@ static inline float softmax_shift(float running_max) {
 /* ---- vector helpers ------------------------------------------------------------------- */
 #if defined(__AVX2__) && defined(__FMA__)
 #define ATTN_AVX2 1
+#ifdef __AVX512VL__
+#define ROW_BLOCK 4       /* query rows updated together (their accumulators: 32 registers) */
+#else
+#define ROW_BLOCK 2       /* 16 registers */
+#endif
 
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -152,47 +160,68 @@ static inline float hmax256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* Scores of one query row against 8 keys: [q.k0, ..., q.k7]. D is a multiple of 8. */
-static inline __m256 dot8(const float *q, const float *const *k, int D) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    for (int d = 0; d < D; d += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + d);
-        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[0] + d), a0);
-        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[1] + d), a1);
-        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[2] + d), a2);
-        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[3] + d), a3);
-        a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[4] + d), a4);
-        a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[5] + d), a5);
-        a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[6] + d), a6);
-        a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[7] + d), a7);
-    }
-    const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-    return _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
-}
-
 static inline float dot1(const float *q, const float *k, int D) {
     __m256 a = _mm256_setzero_ps();
     for (int d = 0; d < D; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a);
     return hsum256(a);
 }
 
-/* acc[0, 8*nv) = acc * alpha (when rescale) + sum_c p[c] * v[c][d0 + ...]; nv a constant. */
-static inline __attribute__((always_inline)) void pv_block(
-        float *acc, const float *p, const float *const *v, int n, int d0, float alpha, int rescale,
-        const int nv) {
-    __m256 a[8];
-    for (int i = 0; i < nv; i++) a[i] = _mm256_loadu_ps(acc + 8 * i);
-    if (rescale) {
-        const __m256 al = _mm256_set1_ps(alpha);
-        for (int i = 0; i < nv; i++) a[i] = _mm256_mul_ps(a[i], al);
+/* The scores of nr query rows (q_stride floats apart) against 8 keys, each row's [q.k0, ...,
+ * q.k7]: one accumulator per key summed over d in order, reduced by hadd trees of keys 0-3 and
+ * 4-7 and one add across their halves. The rows share each K load; the keys go as two halves
+ * of 4 so that the accumulators stay in registers (4 rows: 16 of them, in AVX-512VL's 32
+ * registers). D a multiple of 8, nr a constant. */
+static inline __attribute__((always_inline)) void dot8_rows(const float *q, int64_t q_stride, const float *const *k,
+                                                            int D, const int nr, __m256 *out) {
+    __m256 h[2][ROW_BLOCK];
+    for (int half = 0; half < 2; half++) {
+        const float *const *kh = k + 4 * half;
+        __m256 a[ROW_BLOCK][4];
+        for (int r = 0; r < nr; r++)
+            for (int j = 0; j < 4; j++) a[r][j] = _mm256_setzero_ps();
+        for (int d = 0; d < D; d += 8) {
+            const __m256 k0 = _mm256_loadu_ps(kh[0] + d), k1 = _mm256_loadu_ps(kh[1] + d);
+            const __m256 k2 = _mm256_loadu_ps(kh[2] + d), k3 = _mm256_loadu_ps(kh[3] + d);
+            for (int r = 0; r < nr; r++) {
+                const __m256 qv = _mm256_loadu_ps(q + r * q_stride + d);
+                a[r][0] = _mm256_fmadd_ps(qv, k0, a[r][0]);
+                a[r][1] = _mm256_fmadd_ps(qv, k1, a[r][1]);
+                a[r][2] = _mm256_fmadd_ps(qv, k2, a[r][2]);
+                a[r][3] = _mm256_fmadd_ps(qv, k3, a[r][3]);
+            }
+        }
+        for (int r = 0; r < nr; r++)
+            h[half][r] = _mm256_hadd_ps(_mm256_hadd_ps(a[r][0], a[r][1]), _mm256_hadd_ps(a[r][2], a[r][3]));
+    }
+    for (int r = 0; r < nr; r++)
+        out[r] = _mm256_add_ps(_mm256_permute2f128_ps(h[0][r], h[1][r], 0x20),
+                               _mm256_permute2f128_ps(h[0][r], h[1][r], 0x31));
+}
+
+/* acc_r[d0, d0 + 8 nv) = acc_r * alpha_r (when rescale_r) + sum_c p_r[c] * v[c][d0 + ...] for nr
+ * rows (acc and p strided): per element the rescale, then one FMA per key in order; the rows
+ * share each V load. nr and nv constants. */
+static inline __attribute__((always_inline)) void pv_rows(
+        float *acc, int64_t acc_stride, const float *p, int64_t p_stride, const float *const *v, int n, int d0,
+        const float *alpha, const int *rescale, const int nr, const int nv) {
+    __m256 a[ROW_BLOCK][4];
+    for (int r = 0; r < nr; r++) {
+        const __m256 al = _mm256_set1_ps(alpha[r]);
+        for (int i = 0; i < nv; i++) {
+            a[r][i] = _mm256_loadu_ps(acc + r * acc_stride + d0 + 8 * i);
+            if (rescale[r]) a[r][i] = _mm256_mul_ps(a[r][i], al);
+        }
     }
     for (int c = 0; c < n; c++) {
-        const __m256 pc = _mm256_set1_ps(p[c]);
-        const float *vc = v[c] + d0;
-        for (int i = 0; i < nv; i++) a[i] = _mm256_fmadd_ps(pc, _mm256_loadu_ps(vc + 8 * i), a[i]);
+        __m256 vc[4];
+        for (int i = 0; i < nv; i++) vc[i] = _mm256_loadu_ps(v[c] + d0 + 8 * i);
+        for (int r = 0; r < nr; r++) {
+            const __m256 pc = _mm256_set1_ps(p[r * p_stride + c]);
+            for (int i = 0; i < nv; i++) a[r][i] = _mm256_fmadd_ps(pc, vc[i], a[r][i]);
+        }
     }
-    for (int i = 0; i < nv; i++) _mm256_storeu_ps(acc + 8 * i, a[i]);
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < nv; i++) _mm256_storeu_ps(acc + r * acc_stride + d0 + 8 * i, a[r][i]);
 }
 
 /* exp, except that a NaN stays NaN (ember_exp8 flushes it to 0, which would drop a NaN key). */
@@ -200,37 +229,70 @@ static inline __m256 exp8_keeping_nan(__m256 x) {
     return _mm256_blendv_ps(ember_exp8(x), x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
-/* One row's online-softmax update with the first `n` keys of a chunk (D a multiple of 8). */
-static void row_chunk_avx2(const float *q, float *acc, float *m, float *l, const float *const *k,
-                           const float *const *v, int n, int D, float *s) {
-    int c = 0;
-    for (; c + 8 <= n; c += 8) _mm256_storeu_ps(s + c, dot8(q, k + c, D));
-    for (; c < n; c++) s[c] = dot1(q, k[c], D);
+/* One row's online-softmax step over its scores s[0, n) (padded to a multiple of 8 with -inf
+ * here): s becomes exp(s - the new running max); m and l move on; alpha and rescale say how
+ * the row's output is to be rescaled. */
+static void softmax_chunk_avx2(float *s, int n, float *m, float *l, float *alpha, int *rescale) {
     const int padded = (n + 7) & ~7;
-    for (; c < padded; c++) s[c] = -INFINITY;
+    for (int c = n; c < padded; c++) s[c] = -INFINITY;
     __m256 mx = _mm256_loadu_ps(s);
-    for (c = 8; c < padded; c += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + c));
+    for (int c = 8; c < padded; c += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + c));
     const float chunk_max = hmax256(mx), m_old = *m;
     const float m_new = chunk_max > m_old ? chunk_max : m_old;
     const __m256 mv = _mm256_set1_ps(softmax_shift(m_new));
     __m256 sum = _mm256_setzero_ps();
-    for (c = 0; c < padded; c += 8) {
+    for (int c = 0; c < padded; c += 8) {
         const __m256 p = exp8_keeping_nan(_mm256_sub_ps(_mm256_loadu_ps(s + c), mv));
         _mm256_storeu_ps(s + c, p);
         sum = _mm256_add_ps(sum, p);
     }
-    const int rescale = m_new != m_old;   /* the running max moved: rescale the sum and output */
-    const float alpha = !rescale ? 1.0f : m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
-    *l = (rescale ? *l * alpha : *l) + hsum256(sum);
+    *rescale = m_new != m_old;   /* the running max moved: rescale the sum and output */
+    *alpha = !*rescale ? 1.0f : m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+    *l = (*rescale ? *l * *alpha : *l) + hsum256(sum);
     *m = m_new;
+}
+
+/* The online-softmax update of nr consecutive rows (q, acc: D floats apart; s: SCORE_STRIDE;
+ * they see the same n keys of the chunk) with a row's bits whatever nr: the rows share the K
+ * and V rows they read (a GQA group's query heads, the chunk read once for all). D a multiple
+ * of 8; nr a constant. */
+static inline __attribute__((always_inline)) void rows_chunk_avx2(
+        const float *q, float *acc, float *m, float *l, const float *const *k, const float *const *v,
+        int n, int D, float *s, const int nr) {
+    int c = 0;
+    for (; c + 8 <= n; c += 8) {
+        __m256 scores[ROW_BLOCK];
+        dot8_rows(q, D, k + c, D, nr, scores);
+        for (int r = 0; r < nr; r++) _mm256_storeu_ps(s + r * SCORE_STRIDE + c, scores[r]);
+    }
+    for (; c < n; c++)
+        for (int r = 0; r < nr; r++) s[r * SCORE_STRIDE + c] = dot1(q + (int64_t)r * D, k[c], D);
+    float alpha[ROW_BLOCK];
+    int rescale[ROW_BLOCK];
+    for (int r = 0; r < nr; r++) softmax_chunk_avx2(s + r * SCORE_STRIDE, n, m + r, l + r, alpha + r, rescale + r);
     int d0 = 0;
-    for (; d0 + 64 <= D; d0 += 64) pv_block(acc + d0, s, v, n, d0, alpha, rescale, 8);
-    for (; d0 < D; d0 += 8) pv_block(acc + d0, s, v, n, d0, alpha, rescale, 1);
+    for (; d0 + 32 <= D; d0 += 32) pv_rows(acc, D, s, SCORE_STRIDE, v, n, d0, alpha, rescale, nr, 4);
+    for (; d0 < D; d0 += 8) pv_rows(acc, D, s, SCORE_STRIDE, v, n, d0, alpha, rescale, nr, 1);
+}
+
+/* rows_chunk_avx2 for nr = 1..ROW_BLOCK rows, each count compiled with its registers. */
+static void group_chunk_avx2(const float *q, float *acc, float *m, float *l, const float *const *k,
+                             const float *const *v, int n, int D, float *s, int nr) {
+    switch (nr) {
+    case 1: rows_chunk_avx2(q, acc, m, l, k, v, n, D, s, 1); break;
+#if ROW_BLOCK >= 2
+    case 2: rows_chunk_avx2(q, acc, m, l, k, v, n, D, s, 2); break;
+#endif
+#if ROW_BLOCK >= 4
+    case 3: rows_chunk_avx2(q, acc, m, l, k, v, n, D, s, 3); break;
+    case 4: rows_chunk_avx2(q, acc, m, l, k, v, n, D, s, 4); break;
+#endif
+    }
 }
 #endif
 
 #if defined(EMBER_NEON) && !defined(ATTN_AVX2)
-/* ---- NEON: row_chunk_avx2's arithmetic, op for op, on pairs of 4-lane registers ---------
+/* ---- NEON: rows_chunk_avx2's arithmetic per row, op for op, on pairs of 4-lane registers ---------
  * Eight 256-bit lanes are (lo, hi); _mm256_max_ps's rule (a > b ? a : b, so a NaN in the first
  * operand is dropped) is x86_max; hadd trees and hsum256 are written out in their order. The
  * ARM paths therefore give the x86 AVX2 path's bits (tests/test_host_aarch64.py). */
@@ -262,7 +324,7 @@ static inline f32x8 dot_lanes(const float *q, const float *k, int D) {   /* FMA 
     return a;
 }
 
-/* dot8's score of one key: the hadd tree gives ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)). */
+/* dot8_rows's score of one key: the hadd tree gives ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)). */
 static inline float dot8_one(const float *q, const float *k, int D) {
     const f32x8 a = dot_lanes(q, k, D);
     const float32x4_t pairs = vpaddq_f32(a.lo, a.hi);
@@ -276,7 +338,7 @@ static inline float32x4_t exp4_keeping_nan(float32x4_t x) {
 
 static void row_chunk_neon(const float *q, float *acc, float *m, float *l, const float *const *k,
                            const float *const *v, int n, int D, float *s) {
-    const int whole = n - n % 8;         /* dot8 for whole eights of keys, dot1 for the rest */
+    const int whole = n - n % 8;         /* dot8_rows for whole eights of keys, dot1 for the rest */
     for (int i = 0; i < whole; i++) s[i] = dot8_one(q, k[i], D);
     for (int i = whole; i < n; i++) s[i] = hsum8(dot_lanes(q, k[i], D));
     const int padded = (n + 7) & ~7;
@@ -303,7 +365,7 @@ static void row_chunk_neon(const float *q, float *acc, float *m, float *l, const
     *l = (rescale ? *l * alpha : *l) + hsum8(sum);
     *m = m_new;
     const float32x4_t al = vdupq_n_f32(alpha);
-    for (int d = 0; d < D; d += 4) {    /* pv_block per element: rescale, then one FMA per key */
+    for (int d = 0; d < D; d += 4) {    /* pv_rows per element: rescale, then one FMA per key */
         float32x4_t a = vld1q_f32(acc + d);
         if (rescale) a = vmulq_f32(a, al);
         for (int i = 0; i < n; i++) a = vfmaq_f32(a, vdupq_n_f32(s[i]), vld1q_f32(v[i] + d));
@@ -434,15 +496,19 @@ static void run_item(const Problem *P, const Task *t, const Item *it, Scratch *s
             const int skip = before > 0 ? before : 0;
             const int n = (visible < nk ? visible : nk) - skip;
             if (n <= 0) continue;
+#ifdef ATTN_AVX2
+            if (vector) {   /* the query's G heads see the same keys: ROW_BLOCK of them at a time */
+                for (int g = 0; g < G; g += ROW_BLOCK) {
+                    const int r = qi * G + g, nr = G - g < ROW_BLOCK ? G - g : ROW_BLOCK;
+                    group_chunk_avx2(sc->qs + (int64_t)r * D, sc->acc + (int64_t)r * D, sc->m + r, sc->l + r,
+                                     krow + skip, vrow + skip, n, D, sc->s, nr);
+                }
+                continue;
+            }
+#endif
             for (int g = 0; g < G; g++) {
                 const int r = qi * G + g;
-#ifdef ATTN_AVX2
-                if (vector) {
-                    row_chunk_avx2(sc->qs + (int64_t)r * D, sc->acc + (int64_t)r * D, sc->m + r, sc->l + r,
-                                   krow + skip, vrow + skip, n, D, sc->s);
-                    continue;
-                }
-#elif defined(ATTN_NEON)
+#if defined(ATTN_NEON)
                 if (vector) {
                     row_chunk_neon(sc->qs + (int64_t)r * D, sc->acc + (int64_t)r * D, sc->m + r, sc->l + r,
                                    krow + skip, vrow + skip, n, D, sc->s);
@@ -504,7 +570,7 @@ static void run_items(void *ctx, int64_t begin, int64_t end) {
     (void)end;
     const int64_t rows = job->rows, D = job->P->head_dim;
     float *base = job->scratch + job->scratch_floats * begin;   /* begin: this thread's slot */
-    float *kbuf = base + 2 * rows * D + 2 * rows + KEY_CHUNK + 8, *merged = kbuf + 2 * KEY_CHUNK * D;
+    float *kbuf = base + 2 * rows * D + 2 * rows + SCORE_ROWS * SCORE_STRIDE, *merged = kbuf + 2 * KEY_CHUNK * D;
     Scratch sc = {base, base + rows * D, base + 2 * rows * D, base + 2 * rows * D + rows,
                   base + 2 * rows * D + 2 * rows, kbuf, kbuf + KEY_CHUNK * D,
                   merged, merged + rows * D, merged + rows * D + rows};
@@ -564,7 +630,7 @@ EMBER_EXPORT int ember_paged_attention_window(
     int threads = ember_max_threads();
     if (threads > num_items) threads = (int)num_items;
     const int64_t rows = (int64_t)QUERY_TILE * G;
-    const int64_t scratch_floats = 3 * rows * D + 4 * rows + (KEY_CHUNK + 8) + 2 * (int64_t)KEY_CHUNK * D;
+    const int64_t scratch_floats = 3 * rows * D + 4 * rows + SCORE_ROWS * SCORE_STRIDE + 2 * (int64_t)KEY_CHUNK * D;
     float *scratch = malloc(sizeof(float) * (size_t)(scratch_floats * threads));
     if (!tasks || !items || (ws_floats && !ws) || !scratch) {
         free(tasks); free(items); free(ws); free(scratch);
