@@ -60,6 +60,12 @@ EMBER_EXPORT const char *ember_isa(void) { return EMBER_ISA; }
 /* ---- activation quantization ---------------------------------------------------------- */
 /* max |x| over a block; NaN where a value is NaN or inf */
 static inline float block_max_abs(const float *xb) {
+#if defined(__AVX512F__)
+    const __m512 a0 = _mm512_abs_ps(_mm512_loadu_ps(xb)), a1 = _mm512_abs_ps(_mm512_loadu_ps(xb + 16));
+    const __m512 largest = _mm512_set1_ps(3.402823466e38f);
+    const __mmask16 finite = _mm512_cmp_ps_mask(a0, largest, _CMP_LE_OQ) & _mm512_cmp_ps_mask(a1, largest, _CMP_LE_OQ);
+    return finite == 0xFFFF ? _mm512_reduce_max_ps(_mm512_max_ps(a0, a1)) : __builtin_nanf("");   /* max is exact */
+#else
     float amax = 0.0f;
     int finite = 1;
     for (int i = 0; i < QK; i++) {
@@ -68,6 +74,7 @@ static inline float block_max_abs(const float *xb) {
         finite &= a <= 3.402823466e38f;
     }
     return finite ? amax : __builtin_nanf("");
+#endif
 }
 
 /* A block holding NaN or inf gets d = NaN and q = 0 (its outputs NaN, as the twin's): converting
@@ -558,6 +565,27 @@ static void matmul_tasks(void *ctx, int64_t begin, int64_t end) {
  * d is d again where the block keeps its lo and 0 where the threshold drops it (lo all zero: a
  * skip mark for the paths that branch), its other entries 0. A non-finite block (amax NaN: block_max_abs):
  * row 2m's d and s NaN, q 0. A block too small for 1 / d to be finite is a zero block. */
+#if defined(__AVX512F__)
+/* 16 values of quantize_split_block's loop at once, the same integers: q = rint(x id) (x id
+ * rounded first, as -ffp-contract=off keeps the scalar loop), h = floor((q + 127) / 255) by a
+ * correctly rounded float division (exact: the numerator is a whole number below 2^17, so the
+ * quotient is k exactly or at least 1/255 from any whole k), lo = q - 255 h (or 0); returns the
+ * sum of 255 h + lo. SPLIT_BASE is 255. */
+_Static_assert(SPLIT_BASE == 255, "split16 multiplies by 255 as (h << 8) - h");
+static inline int32_t split16(const float *xb, __m512 id, int keep_lo, int8_t *hi, int8_t *lo) {
+    const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb), id));
+    const __m512 numerator = _mm512_cvtepi32_ps(_mm512_add_epi32(q, _mm512_set1_epi32(127 + SPLIT_BASE * 128)));
+    const __m512 quotient = _mm512_roundscale_ps(_mm512_div_ps(numerator, _mm512_set1_ps((float)SPLIT_BASE)),
+                                                 _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    const __m512i h = _mm512_sub_epi32(_mm512_cvtps_epi32(quotient), _mm512_set1_epi32(128));
+    const __m512i h255 = _mm512_sub_epi32(_mm512_slli_epi32(h, 8), h);
+    const __m512i l = keep_lo ? _mm512_sub_epi32(q, h255) : _mm512_setzero_si512();
+    _mm_storeu_si128((__m128i *)hi, _mm512_cvtepi32_epi8(h));
+    _mm_storeu_si128((__m128i *)lo, _mm512_cvtepi32_epi8(l));
+    return _mm512_reduce_add_epi32(_mm512_add_epi32(h255, l));
+}
+#endif
+
 static void quantize_split_block(const float *xb, float amax, int keep_lo, int8_t *hi, int8_t *lo, float *d_out,
                                  float *s_out, int32_t *sum_out, int32_t *sum_lo_out, float *d_lo_out) {
     memset(hi, 0, QK);
@@ -575,6 +603,13 @@ static void quantize_split_block(const float *xb, float amax, int keep_lo, int8_
         return;
     }
     int32_t sum = 0;
+#if defined(__AVX512F__)
+    const __m512 vid = _mm512_set1_ps(id);
+    for (int half = 0; half < 2; half++) {
+        sum += split16(xb + 16 * half, vid, keep_lo, hi + 16 * half, lo + 16 * half);
+        if (half == 0) *sum_lo_out = sum;
+    }
+#else
     for (int i = 0; i < QK; i++) {
         const int32_t q = (int32_t)__builtin_rintf(xb[i] * id);
         const int32_t h = (q + 127 + SPLIT_BASE * 128) / SPLIT_BASE - 128;   /* floor((q + 127) / 255) */
@@ -583,6 +618,7 @@ static void quantize_split_block(const float *xb, float amax, int keep_lo, int8_
         sum += SPLIT_BASE * h + lo[i];
         if (i == QK / 2 - 1) *sum_lo_out = sum;
     }
+#endif
     *d_out = d;
     *s_out = d * (float)sum;
     *sum_out = sum;
