@@ -27,6 +27,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import quantize
 
+from ember_cupy.backend import keep_freed_memory_mapped
 from ember_cupy.config import EngineConfig
 from ember_cupy.ops import _host
 from ember_cupy.ops.linear import matmul_q
@@ -88,6 +89,7 @@ def main(argv=None) -> None:
     ap.add_argument("--second-pass-threshold", type=float, default=EngineConfig.second_pass_threshold)
     ap.add_argument("--from-dram", action="store_true", help="cycle through ~400 MB of copies of each matrix")
     args = ap.parse_args(argv)
+    keep_freed_memory_mapped()   # as the engine does: a 512-row gate_up's 33 MB output is not fresh pages each call
     isas = args.isa or [isa for isa in _host.supported_isas() if isa != "portable"]
     libraries = [_host.load_library(isa) for isa in isas]
     scheme = ActivationQuantization(args.passes, args.second_pass_threshold)
