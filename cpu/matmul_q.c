@@ -65,6 +65,19 @@ static inline float block_max_abs(const float *xb) {
     const __m512 largest = _mm512_set1_ps(3.402823466e38f);
     const __mmask16 finite = _mm512_cmp_ps_mask(a0, largest, _CMP_LE_OQ) & _mm512_cmp_ps_mask(a1, largest, _CMP_LE_OQ);
     return finite == 0xFFFF ? _mm512_reduce_max_ps(_mm512_max_ps(a0, a1)) : __builtin_nanf("");   /* max is exact */
+#elif defined(__AVX2__)
+    const __m256 sign = _mm256_set1_ps(-0.0f), largest = _mm256_set1_ps(3.402823466e38f);
+    __m256 amax = _mm256_setzero_ps();
+    int finite = 1;
+    for (int i = 0; i < QK; i += 8) {
+        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + i));
+        finite &= _mm256_movemask_ps(_mm256_cmp_ps(a, largest, _CMP_LE_OQ)) == 0xFF;
+        amax = _mm256_max_ps(amax, a);
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return finite ? _mm_cvtss_f32(m) : __builtin_nanf("");
 #else
     float amax = 0.0f;
     int finite = 1;
@@ -584,6 +597,29 @@ static inline int32_t split16(const float *xb, __m512 id, int keep_lo, int8_t *h
     _mm_storeu_si128((__m128i *)lo, _mm512_cvtepi32_epi8(l));
     return _mm512_reduce_add_epi32(_mm512_add_epi32(h255, l));
 }
+#elif defined(__AVX2__)
+static inline void store_i32x8_as_i8(int8_t *out, __m256i v) {   /* values within int8 */
+    const __m128i v16 = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storel_epi64((__m128i *)out, _mm_packs_epi16(v16, v16));
+}
+
+_Static_assert(SPLIT_BASE == 255, "split8 multiplies by 255 as (h << 8) - h");
+/* split16 on 8 values. */
+static inline int32_t split8(const float *xb, __m256 id, int keep_lo, int8_t *hi, int8_t *lo) {
+    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb), id));
+    const __m256 numerator = _mm256_cvtepi32_ps(_mm256_add_epi32(q, _mm256_set1_epi32(127 + SPLIT_BASE * 128)));
+    const __m256 quotient = _mm256_floor_ps(_mm256_div_ps(numerator, _mm256_set1_ps((float)SPLIT_BASE)));
+    const __m256i h = _mm256_sub_epi32(_mm256_cvtps_epi32(quotient), _mm256_set1_epi32(128));
+    const __m256i h255 = _mm256_sub_epi32(_mm256_slli_epi32(h, 8), h);
+    const __m256i l = keep_lo ? _mm256_sub_epi32(q, h255) : _mm256_setzero_si256();
+    store_i32x8_as_i8(hi, h);
+    store_i32x8_as_i8(lo, l);
+    const __m256i both = _mm256_add_epi32(h255, l);
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(both), _mm256_extracti128_si256(both, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(t);
+}
 #endif
 
 static void quantize_split_block(const float *xb, float amax, int keep_lo, int8_t *hi, int8_t *lo, float *d_out,
@@ -608,6 +644,12 @@ static void quantize_split_block(const float *xb, float amax, int keep_lo, int8_
     for (int half = 0; half < 2; half++) {
         sum += split16(xb + 16 * half, vid, keep_lo, hi + 16 * half, lo + 16 * half);
         if (half == 0) *sum_lo_out = sum;
+    }
+#elif defined(__AVX2__)
+    const __m256 vid = _mm256_set1_ps(id);
+    for (int i = 0; i < QK; i += 8) {
+        sum += split8(xb + i, vid, keep_lo, hi + i, lo + i);
+        if (i + 8 == QK / 2) *sum_lo_out = sum;
     }
 #else
     for (int i = 0; i < QK; i++) {
