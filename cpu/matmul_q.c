@@ -578,13 +578,13 @@ static void matmul_tasks(void *ctx, int64_t begin, int64_t end) {
  * d is d again where the block keeps its lo and 0 where the threshold drops it (lo all zero: a
  * skip mark for the paths that branch), its other entries 0. A non-finite block (amax NaN: block_max_abs):
  * row 2m's d and s NaN, q 0. A block too small for 1 / d to be finite is a zero block. */
+_Static_assert(SPLIT_BASE == 255, "split16 and split8 multiply by 255 as (h << 8) - h");
 #if defined(__AVX512F__)
 /* 16 values of quantize_split_block's loop at once, the same integers: q = rint(x id) (x id
  * rounded first, as -ffp-contract=off keeps the scalar loop), h = floor((q + 127) / 255) by a
  * correctly rounded float division (exact: the numerator is a whole number below 2^17, so the
  * quotient is k exactly or at least 1/255 from any whole k), lo = q - 255 h (or 0); returns the
- * sum of 255 h + lo. SPLIT_BASE is 255. */
-_Static_assert(SPLIT_BASE == 255, "split16 multiplies by 255 as (h << 8) - h");
+ * sum of 255 h + lo. */
 static inline int32_t split16(const float *xb, __m512 id, int keep_lo, int8_t *hi, int8_t *lo) {
     const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb), id));
     const __m512 numerator = _mm512_cvtepi32_ps(_mm512_add_epi32(q, _mm512_set1_epi32(127 + SPLIT_BASE * 128)));
@@ -603,8 +603,7 @@ static inline void store_i32x8_as_i8(int8_t *out, __m256i v) {   /* values withi
     _mm_storel_epi64((__m128i *)out, _mm_packs_epi16(v16, v16));
 }
 
-_Static_assert(SPLIT_BASE == 255, "split8 multiplies by 255 as (h << 8) - h");
-/* split16 on 8 values. */
+/* 8 values of quantize_split_block's loop at once, as split16 takes 16 on the AVX-512 builds. */
 static inline int32_t split8(const float *xb, __m256 id, int keep_lo, int8_t *hi, int8_t *lo) {
     const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb), id));
     const __m256 numerator = _mm256_cvtepi32_ps(_mm256_add_epi32(q, _mm256_set1_epi32(127 + SPLIT_BASE * 128)));
