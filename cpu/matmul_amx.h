@@ -17,8 +17,7 @@
 #include <unistd.h>
 #define AMX_TILES 1
 #define AMX_ROWS 16                  /* int8 rows of x per tile A */
-#define AMX_MIN_ROWS 12              /* fewer int8 rows: the 512-bit path is as fast or faster (bench_matmul) */
-#define AMX_MIN_ROWS_HALVES 16       /* Q6_K's two products a block: faster from here (bench_matmul) */
+#define AMX_MIN_ROWS 16              /* fewer int8 rows: the 512-bit path's tiles of up to 12 are faster (bench_matmul) */
 #define AMX_PAIRS_PER_PASS 4         /* pairs built together, each tile A used for all of them (bench_matmul) */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -60,10 +59,8 @@ EMBER_EXPORT int ember_amx_ready(void) { return amx_permission() > 0; }
  * path computes as sum(x u) - offset sum(x), without that step per row and block. */
 static inline int signed_tile_values(int32_t wtype) { return wtype == WTYPE_Q8_0 || FORMATS[wtype].offset != 0; }
 
-static int amx_min_rows(int32_t wtype) { return wtype == WTYPE_Q6_K ? AMX_MIN_ROWS_HALVES : AMX_MIN_ROWS; }
-
-/* Whether a matrix of format wtype times `rows` int8 rows of x runs on the tiles. */
-static int amx_takes(int64_t rows, int32_t wtype) { return rows >= amx_min_rows(wtype) && amx_permission() > 0; }
+/* Whether a quantized matrix times `rows` int8 rows of x runs on the tiles. */
+static int amx_takes(int64_t rows) { return rows >= AMX_MIN_ROWS && amx_permission() > 0; }
 
 static void set_tile(struct tile_config *config, int tile, int rows, int colsb) {
     config->rows[tile] = (uint8_t)rows;

@@ -714,7 +714,7 @@ static void matmul_part(const EmberWeightPart *part, const struct quantized_x *x
     if (passes == 2 && rows <= SMALL_PAIR_ROWS) chunk = rows;   /* one tile (PAIR_TILES) */
 #endif
 #if defined(AMX_TILES)
-    const int32_t amx = amx_takes(rows, part->wtype);
+    const int32_t amx = amx_takes(rows);
 #else
     const int32_t amx = 0;
 #endif
@@ -758,7 +758,7 @@ EMBER_EXPORT int ember_matmul_parts(const float *x, int64_t M, int64_t K, int64_
         quantized = (struct quantized_x){xq, xd, xs, xsum, xsum_lo, K, nb, NULL};
 #if defined(AMX_TILES)
         int32_t tiles = 0;
-        for (int32_t p = 0; p < count; p++) tiles |= !ember_is_16bit(parts[p].wtype) && amx_takes(rows, parts[p].wtype);
+        for (int32_t p = 0; p < count; p++) tiles |= !ember_is_16bit(parts[p].wtype) && amx_takes(rows);
         if (passes == 2 && tiles) {
             xt = (int8_t *)malloc((size_t)(padded_rows * K + 64));
             if (!xt) { free(xq); free(xd); return -2; }

@@ -245,7 +245,7 @@ def test_each_row_is_the_same_whatever_the_batch(library, qtype):
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
 def test_the_avx512_paths_are_the_avx2_path_bit_for_bit(isa, qtype, passes, rows):
     """The 512-bit kernels take two weight groups at once (Q8_0 as w + 128), AMX 16 rows of x
-    per tile (from 12 int8 rows); every output is the 256-bit path's integer sums and float steps,
+    per tile (from 16 int8 rows); every output is the 256-bit path's integer sums and float steps,
     in the same order. 37 weight rows: a lone group beside the pairs."""
     if isa not in RUNNABLE:
         pytest.skip(f"this CPU cannot run the {isa} path")
@@ -289,8 +289,8 @@ def test_a_format_without_a_kernel_is_requantized_to_q8_0():
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_every_isa_path_is_the_portable_path_bit_for_bit(qtype, passes, rows):
     """Exact integer sums and the same float steps (fused multiply-adds) on every path; the
-    512-bit pairs take up to 12 int8 rows in one tile (5 and 6 rows of x, two passes), AMX from 12
-    int8 rows (Q6_K 16). 37 weight rows: a lone group beside the pairs; a zero block of x."""
+    512-bit pairs take up to 12 int8 rows in one tile (5 and 6 rows of x, two passes), AMX from 16
+    int8 rows. 37 weight rows: a lone group beside the pairs; a zero block of x."""
     rng = np.random.default_rng(rows)
     weight = _weight(rng, qtype, 37, 512)
     x = rng.standard_normal((rows, 512)).astype(np.float32) * rng.uniform(0.1, 9, (1, 512)).astype(np.float32)
