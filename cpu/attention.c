@@ -27,8 +27,8 @@
  * SIMD: with AVX2+FMA (and head_dim a multiple of 8) scores are 8 keys per dot8_rows (an
  * accumulator per key, hadd trees), exp is a vectorised Cephes polynomial, and V rows are
  * accumulated 32 dims at a time; a query's GQA heads are updated ROW_BLOCK at a time, sharing
- * every K and V load (each row's steps are a lone row's); F16C converts f16 pages. The portable path is plain C
- * (expf, 8 partial sums per dot) that any compiler builds.
+ * every K and V load (each row's steps are a lone row's); F16C converts f16 pages. The portable
+ * path is plain C (expf, 8 partial sums per dot) that any compiler builds.
  *
  * Batch invariance: tiles and key ranges are cut from the sequence's own q_len and context
  * length only, and every output element is computed in the same order whatever else is in the
@@ -145,6 +145,7 @@ static inline float softmax_shift(float running_max) {
 #else
 #define ROW_BLOCK 2       /* 16 registers */
 #endif
+_Static_assert(ROW_BLOCK <= SCORE_ROWS, "the scratch holds SCORE_ROWS rows of scores");
 
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
