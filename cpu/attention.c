@@ -293,7 +293,7 @@ static void group_chunk_avx2(const float *q, float *acc, float *m, float *l, con
 #endif
 
 #if defined(EMBER_NEON) && !defined(ATTN_AVX2)
-/* ---- NEON: rows_chunk_avx2's arithmetic per row, op for op, on pairs of 4-lane registers ---------
+/* ---- NEON: rows_chunk_avx2's arithmetic per row, op for op, on pairs of 4-lane registers ----
  * Eight 256-bit lanes are (lo, hi); _mm256_max_ps's rule (a > b ? a : b, so a NaN in the first
  * operand is dropped) is x86_max; hadd trees and hsum256 are written out in their order. The
  * ARM paths therefore give the x86 AVX2 path's bits (tests/test_host_aarch64.py). */
