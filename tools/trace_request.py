@@ -23,7 +23,7 @@ from pathlib import Path
 import ember_cupy
 
 PACKAGE = Path(ember_cupy.__file__).resolve().parent
-MODEL_FORWARD = ("model/", "ops/", "packed_weight.py", "quant.py")
+MODEL_FORWARD = ("model/", "ops/", "packed_weight.py", "quant.py", "gguf_values.py")
 
 
 class FileTransitions:
@@ -34,6 +34,7 @@ class FileTransitions:
         self.files: Counter[str] = Counter()
         self.returns: Counter[tuple[str, str]] = Counter()
         self.lock = threading.Lock()
+        self.active = True   # threads started under the hook keep it: stop() silences them
 
     def _name(self, frame) -> str | None:
         path = frame.f_code.co_filename
@@ -43,6 +44,8 @@ class FileTransitions:
         return None if name.startswith(self.skip) else name
 
     def __call__(self, frame, event, arg):
+        if not self.active:
+            return
         if event == "call":
             name = self._name(frame)
             if name:
@@ -59,6 +62,7 @@ class FileTransitions:
         sys.setprofile(self)
 
     def stop(self):
+        self.active = False
         sys.setprofile(None)
         threading.setprofile(None)
 
