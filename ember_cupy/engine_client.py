@@ -1,7 +1,10 @@
 """The contract between the server and an engine (vLLM v1's EngineClient): what the HTTP layer may
 ask of an engine, in-process (server/async_engine.py's AsyncEngine) or behind Ray Serve
 (ray_serve/remote_engine.py's RemoteEngine). The server reads an engine's shape and limits from
-`model_info()`, never from its insides."""
+`model_info()`, and its queues and KV cache from the SchedulerStats an LLMEngine publishes as
+`engine.stats` after every change a caller can see (a request added or aborted, a step scheduled,
+so a step being computed shows as running, a step done): never from its insides. SchedulerStats
+is frozen and replaced whole, so a reader on another thread sees one moment, never half of two."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,6 +25,30 @@ class ModelInfo:
     kv_cache_blocks: int
     runtime: dict                # info.runtime_info of the engine's process (backend, kernels, determinism)
     sampling_defaults: dict      # SamplingParams field -> the model's default (generation_config.py)
+    kv_cache_dtype: str = "unknown"
+    enable_prefix_caching: bool = False
+
+
+@dataclass(frozen=True)
+class SpecDecodeCounts:
+    """Speculative decoding's cumulative counts (vLLM's spec_decode_* counters)."""
+    num_drafts: int                       # verifications (a sequence's drafts in one step)
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    accepted_per_position: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    num_running: int = 0             # sequences in the running batch
+    num_waiting: int = 0             # requests queued, new or preempted
+    num_slots_used: int = 0          # running sequences + the forks running parents will make (n > 1)
+    kv_cache_usage: float = 0.0      # fraction of KV blocks a sequence references
+    num_free_blocks: int = 0         # blocks held only by the prefix cache count as free
+    num_blocks: int = 0
+    prefix_cache_queries: int = 0    # cumulative prompt tokens looked up / found in the prefix cache
+    prefix_cache_hits: int = 0
+    spec_decode: SpecDecodeCounts | None = None   # None: speculation is off
 
 
 def model_info_of(llm_engine) -> ModelInfo:
@@ -33,6 +60,8 @@ def model_info_of(llm_engine) -> ModelInfo:
                      max_num_seqs=config.max_num_seqs, block_size=config.block_size,
                      quantization=runner.quantization, weight_bytes=runner.model.weight_bytes(),
                      kv_cache_blocks=runner.num_blocks, runtime=runtime_info(llm_engine),
+                     kv_cache_dtype=str(runner.kv_caches[0][0].dtype) if runner.kv_caches else "unknown",
+                     enable_prefix_caching=bool(config.enable_prefix_caching),
                      sampling_defaults=dict(llm_engine.sampling_defaults))
 
 

@@ -33,7 +33,12 @@ def _count_preemptions(engine: LLMEngine) -> list:
 def test_forked_sequences_count_against_max_num_seqs(checkpoint):
     engine = LLMEngine(checkpoint, EngineConfig(max_num_seqs=4))
     seen = []
-    engine.on_scheduled = lambda: seen.append(engine.num_running)
+    execute = engine.runner.execute
+
+    def counting(batch):   # right after scheduling, as the engine published it
+        seen.append(engine.stats.num_running)
+        return execute(batch)
+    engine.runner.execute = counting
     for i in range(2):
         engine.add_request(f"r{i}", PROMPT, SamplingParams(n=3, max_tokens=4, temperature=0.8, seed=i,
                                                                 ignore_eos=True))

@@ -24,6 +24,7 @@ from ember_cupy.engine.scheduler import ScheduledBatch, Scheduler
 from ember_cupy.engine.speculator import SpecDecodeStats, Speculator
 from ember_cupy.engine.step_costs import StepCosts
 from ember_cupy.engine.sequence import Sequence, SequenceStats
+from ember_cupy.engine_client import SchedulerStats
 from ember_cupy.generation_config import sampling_defaults
 from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.loader import load_checkpoint
@@ -97,10 +98,9 @@ class LLMEngine:
                                               self.max_model_len, self.config.max_num_seqs, self.config.seed)
         self.output_processor = OutputProcessor(tokenizer, self.model_config.eos_token_ids)
         self.requests: dict[str, list[Sequence]] = {}   # the sequences of each unfinished request
-        # called in step() right after scheduling, before the forward pass (the server updates its
-        # queue gauges there, so they show the step being computed rather than the one before)
-        self.on_scheduled = None
         self.last_step_num_tokens = 0   # tokens the last step computed (vllm:iteration_tokens_total)
+        self.stats = SchedulerStats()   # republished after each change (engine_client.py)
+        self._publish_stats()
         from ember_cupy.info import describe
         logger.info("%s", describe(self))
 
@@ -112,6 +112,11 @@ class LLMEngine:
     def tokenizer(self, tokenizer) -> None:
         """The tokenizer requests are tokenized and detokenized with, from the next request on."""
         self.input_processor.tokenizer = self.output_processor.tokenizer = tokenizer
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """A text prompt's token ids, as add_request tokenizes it; touches no engine state, so any
+        thread may call it while a step runs."""
+        return self.input_processor.tokenize(text, add_special_tokens)
 
     def _draft_model(self, config: SpeculativeConfig | None, xp, progress) -> DraftModelProposer | None:
         """The draft model's weights, on the backend before the target's pool is sized."""
@@ -185,6 +190,7 @@ class LLMEngine:
             self.output_processor.add_request(seq, request.prompt, request.params, output_kind)
         self.requests[request_id] = [seq]
         self.scheduler.add(seq)
+        self._publish_stats()
 
     @staticmethod
     def _sequence(request_id: str, request: ProcessedRequest, priority: int, cache_salt: str | None,
@@ -202,6 +208,7 @@ class LLMEngine:
         for seq in seqs:
             if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
+        self._publish_stats()
         return self.output_processor.abort(request_id)
 
     def has_unfinished_requests(self) -> bool:
@@ -221,6 +228,13 @@ class LLMEngine:
         that running parents will make when their prompt is computed."""
         return self.scheduler.num_slots_used()
 
+    def _publish_stats(self) -> None:
+        bm = self.block_manager
+        spec = None if self.speculator is None else self.speculator.stats.counts()
+        self.stats = SchedulerStats(len(self.scheduler.running), len(self.scheduler.waiting), self.num_slots_used,
+                                    bm.usage, bm.num_free_blocks, bm.num_blocks, bm.prefix_stats.queries,
+                                    bm.prefix_stats.hits, spec)
+
     # --- one step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput] | EngineStepOutput:
         """One step: its RequestOutputs, or (process_in_step False) what it computed, for
@@ -231,7 +245,9 @@ class LLMEngine:
     def process_outputs(self, computed: EngineStepOutput) -> list[RequestOutput]:
         """The RequestOutputs of a step's EngineStepOutput: text, stop strings (a sequence they end
         finishes here, before the next step), logprobs. Never while a step runs."""
-        return self.output_processor.process(computed, self.stop_at_string)
+        outputs = self.output_processor.process(computed, self.stop_at_string)
+        self._publish_stats()
+        return outputs
 
     def stop_at_string(self, seq: Sequence, stop_string: str, num_after: int) -> None:
         """A stop string ends seq: it finishes, and its num_after newest tokens (verified drafts
@@ -243,17 +259,19 @@ class LLMEngine:
 
     def compute_step(self) -> EngineStepOutput:
         """Schedule, run the model, sample, update the sequences: no text."""
-        computed = EngineStepOutput()
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
         if self.speculator is not None:
             self.speculator.scheduled()
         self.last_step_num_tokens = batch.num_tokens
-        if self.on_scheduled is not None:
-            self.on_scheduled()
-        if not batch:
-            return computed
+        self._publish_stats()   # while the model computes, the step's sequences show as running
+        computed = self._compute(batch) if batch else EngineStepOutput()
+        self._publish_stats()
+        return computed
+
+    def _compute(self, batch: ScheduledBatch) -> EngineStepOutput:
+        computed = EngineStepOutput()
         for child in batch.forked:
             self.requests[child.request_id].append(child)
         started = time.perf_counter()

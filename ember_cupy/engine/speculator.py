@@ -25,6 +25,7 @@ from ember_cupy.engine.ngram_proposer import NgramProposer
 from ember_cupy.engine.sequence import Sequence
 from ember_cupy.engine.spec_verify import verified_tokens
 from ember_cupy.engine.speculation_gate import Candidate, choose_drafts
+from ember_cupy.engine_client import SpecDecodeCounts
 from ember_cupy.engine.step_costs import StepCosts
 from ember_cupy.speculative_config import SpeculativeConfig
 
@@ -55,6 +56,11 @@ class SpecDecodeStats:
         self.num_accepted_tokens += num_accepted
         for position in range(num_accepted):
             self.accepted_per_position[position] += 1
+
+    def counts(self) -> SpecDecodeCounts:
+        """The counts now, frozen."""
+        return SpecDecodeCounts(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
+                                tuple(self.accepted_per_position))
 
 
 class Speculator:

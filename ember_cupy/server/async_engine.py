@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from ember_cupy.engine_client import ModelInfo, model_info_of
+from ember_cupy.engine_client import ModelInfo, SchedulerStats, model_info_of
 from ember_cupy.engine.pooling import PoolingParams
 from ember_cupy.outputs import OutputKind, RequestOutput
 from ember_cupy.sampling_params import SamplingParams
@@ -122,8 +122,6 @@ class AsyncEngine:
         self._ops: deque[_Add | _Abort | _Stop] = deque()
         self._streams: dict[str, RequestStream] = {}
         self._trackers: dict[str, RequestTracker] = {}
-        self._num_waiting = 0    # snapshots of the scheduler's queues, taken between steps
-        self._num_slots_used = 0   # running sequences + forks reserved by running parents (n > 1)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ember-step")
@@ -149,9 +147,8 @@ class AsyncEngine:
             self.max_waiting = getattr(self.engine.config, "max_waiting", None)
         self.state = EngineState.READY
         self.engine.process_in_step = False   # the loop runs process_outputs() on the step's result
-        if hasattr(self.engine, "on_scheduled"):
-            self.engine.on_scheduled = self._refresh_metrics   # runs in the step's worker thread
-        self._refresh_metrics()
+        if self.metrics:
+            self._watch_engine(self.metrics)
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="ember-engine-loop")
         self._prepare_grammar_tokenizer()
 
@@ -183,8 +180,6 @@ class AsyncEngine:
                 self._task.cancel()
         if self.state is not EngineState.DEAD:
             self.state = EngineState.STOPPED
-        if self.metrics:
-            self.metrics.engine_ready.set(0)
         self._executor.shutdown(wait=False)
         for workers in (self._small_text, self._large_text, self._grammar):
             workers.shutdown()
@@ -200,6 +195,12 @@ class AsyncEngine:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    @property
+    def scheduler_stats(self) -> SchedulerStats:
+        """The engine's queues and KV cache as it last published them (engine_client.py): taken
+        after scheduling, so a step being computed shows as running."""
+        return self.engine.stats if self.engine is not None else SchedulerStats()
 
     @property
     def num_in_flight(self) -> int:
@@ -223,7 +224,7 @@ class AsyncEngine:
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """A prompt's token ids, as add_request would tokenize it (off the loop, as off_loop);
         add_special_tokens=False for a rendered chat prompt."""
-        return await self.off_loop(self.engine.input_processor.tokenize, text, add_special_tokens,
+        return await self.off_loop(self.engine.tokenize, text, add_special_tokens,
                                    work_chars=len(text))
 
     async def _prepare(self, workers: PrepareWorkers, job: Callable[[threading.Event], object]):
@@ -256,9 +257,10 @@ class AsyncEngine:
         those the next step cannot start (a burst into an idle server waits for nothing); and the
         jobs queued for slow `workers` or abandoned there and still running. (A request whose preparation
         is done is not refused for those queued behind it, nor a small text for large ones.)"""
-        queued = self._num_waiting + sum(1 for op in self._ops if isinstance(op, _Add))
-        max_num_seqs = getattr(getattr(self.engine, "config", None), "max_num_seqs", None)
-        free = max(0, max_num_seqs - self._num_slots_used) if max_num_seqs else 0
+        stats = self.scheduler_stats
+        queued = stats.num_waiting + sum(1 for op in self._ops if isinstance(op, _Add))
+        max_num_seqs = self.model_info().max_num_seqs
+        free = max(0, max_num_seqs - stats.num_slots_used) if max_num_seqs else 0
         waiting = max(0, queued - free)
         if workers is not None and workers.slow:   # free sequence slots do not make a worker thread free
             waiting += workers.num_waiting
@@ -325,7 +327,6 @@ class AsyncEngine:
             while True:
                 if self._apply_ops():
                     break
-                self._refresh_metrics()
                 if not engine.has_unfinished_requests():
                     self._wake.clear()
                     if not self._ops:
@@ -333,14 +334,12 @@ class AsyncEngine:
                     continue
                 computed = await loop.run_in_executor(self._executor, engine.step)
                 outputs = engine.process_outputs(computed) if computed else []
-                self._refresh_metrics()   # the state the step left (finished requests are gone)
                 if self.metrics:
-                    self.metrics.step_computed(getattr(engine, "last_step_num_tokens", 0))
+                    self.metrics.count_engine_totals(engine.stats)
+                    self.metrics.step_computed(engine.last_step_num_tokens)
                 self._dispatch(outputs)
         except Exception as exc:  # a failing step: fail everything, report it on /health
             self._die(exc, "the engine loop failed")
-        finally:
-            self._refresh_metrics()
 
     def _apply_ops(self) -> bool:
         """Apply queued admissions and aborts; True when asked to stop."""
@@ -404,18 +403,12 @@ class AsyncEngine:
         stream._drop_backlog()
         self._apply_abort(stream.request_id)
 
-    def _refresh_metrics(self) -> None:
-        """Snapshot the queues for admission and update the gauges. Runs between steps on the
-        loop, and (engine.on_scheduled) in the step's worker thread right after scheduling, while
-        the loop never touches the engine: never both at once."""
-        engine = self.engine
-        if engine is None:
-            return
-        self._num_waiting = engine.num_waiting
-        self._num_slots_used = getattr(engine, "num_slots_used", engine.num_running)
-        if self.metrics:
-            self.metrics.update_engine_state(engine)
-            self.metrics.engine_ready.set(1 if self.state is EngineState.READY else 0)
+    def _watch_engine(self, metrics: EngineMetrics) -> None:
+        """/metrics' gauges read the engine's published stats when scraped."""
+        info = self.model_info()
+        metrics.set_cache_config(info.block_size, info.kv_cache_blocks, info.kv_cache_dtype,
+                                 info.enable_prefix_caching)
+        metrics.watch(lambda: self.scheduler_stats, lambda: self.state is EngineState.READY)
 
     def _die(self, exc: BaseException, what: str) -> None:
         log.exception("%s: %s", what, exc, exc_info=exc)

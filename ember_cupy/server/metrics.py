@@ -14,6 +14,8 @@ Gauge semantics (what Kubernetes inference gateways route on):
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,  # noqa: F401  (re-exported for the API)
     CollectorRegistry,
@@ -23,6 +25,8 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import Metric
+
+from ember_cupy.engine_client import SchedulerStats, SpecDecodeCounts
 
 OWN_PREFIX = "ember:"
 VLLM_PREFIX = "vllm:"
@@ -57,7 +61,6 @@ class EngineMetrics:
         self._define_request_series()
         self._prefix_seen = (0, 0)
         self._spec_seen = None
-        self._cache_info_set = False
 
     # --- definitions ------------------------------------------------------------------
     def _labelled(self, kind, name: str, doc: str, extra: tuple[str, ...] = (), **kwargs):
@@ -152,23 +155,24 @@ class EngineMetrics:
         if num_tokens > 0:
             self.iteration_tokens.observe(num_tokens)
 
-    def update_engine_state(self, engine) -> None:
-        """Gauges and cumulative counters from the engine; call between steps only."""
-        bm = engine.block_manager
-        self.num_requests_running.set(engine.num_running)
-        self.num_requests_waiting.set(engine.num_waiting)
-        self.kv_cache_usage_perc.set(bm.usage)
-        self.kv_cache_free_blocks.set(bm.num_free_blocks)
-        self.kv_cache_total_blocks.set(bm.num_blocks)
-        if not self._cache_info_set:
-            self._set_cache_config(engine)
-        stats = bm.prefix_stats
+    def watch(self, stats: Callable[[], SchedulerStats], ready: Callable[[], bool]) -> None:
+        """Serve the state gauges from the engine's latest published SchedulerStats, read when
+        /metrics is scraped (so a step being computed shows as running)."""
+        self.num_requests_running.set_function(lambda: stats().num_running)
+        self.num_requests_waiting.set_function(lambda: stats().num_waiting)
+        self.kv_cache_usage_perc.set_function(lambda: stats().kv_cache_usage)
+        self.kv_cache_free_blocks.set_function(lambda: stats().num_free_blocks)
+        self.kv_cache_total_blocks.set_function(lambda: stats().num_blocks)
+        self.engine_ready.set_function(lambda: 1.0 if ready() else 0.0)
+
+    def count_engine_totals(self, stats: SchedulerStats) -> None:
+        """The counters of the engine's cumulative counts (prefix cache, speculative decoding)."""
         queries, hits = self._prefix_seen
-        if stats.queries >= queries and stats.hits >= hits:
-            self.prefix_cache_queries.inc(stats.queries - queries)
-            self.prefix_cache_hits.inc(stats.hits - hits)
-        self._prefix_seen = (stats.queries, stats.hits)
-        self._count_spec_decode(getattr(engine, "spec_decode_stats", None))
+        if stats.prefix_cache_queries >= queries and stats.prefix_cache_hits >= hits:
+            self.prefix_cache_queries.inc(stats.prefix_cache_queries - queries)
+            self.prefix_cache_hits.inc(stats.prefix_cache_hits - hits)
+        self._prefix_seen = (stats.prefix_cache_queries, stats.prefix_cache_hits)
+        self._count_spec_decode(stats.spec_decode)
 
     def _define_spec_decode_series(self) -> None:
         """vLLM's spec_decode_* counters, served (as in vLLM) only when speculation is configured."""
@@ -181,8 +185,7 @@ class EngineMetrics:
             Counter, "spec_decode_num_accepted_tokens_per_pos", "Accepted draft tokens by position (from 0).",
             extra=("position",))
 
-    def _count_spec_decode(self, stats) -> None:
-        """The engine's cumulative speculative-decoding counts (engine/speculator.py), as counters."""
+    def _count_spec_decode(self, stats: SpecDecodeCounts | None) -> None:
         if stats is None:
             return
         if self._spec_seen is None:
@@ -196,15 +199,9 @@ class EngineMetrics:
             self._spec_decode_accepted_per_pos.labels(self.model_name, ENGINE_INDEX, str(position)).inc(count - before)
         self._spec_seen = now
 
-    def _set_cache_config(self, engine) -> None:
-        bm = engine.block_manager
-        runner = getattr(engine, "runner", None)
-        caches = getattr(runner, "kv_caches", None)
-        dtype = str(caches[0][0].dtype) if caches else "unknown"
-        prefix_caching = str(bool(getattr(bm, "enable_prefix_caching", False))).lower()
-        self._cache_config_info.labels(self.model_name, ENGINE_INDEX, str(getattr(bm, "block_size", "")),
-                                       str(bm.num_blocks), dtype, prefix_caching).set(1)
-        self._cache_info_set = True
+    def set_cache_config(self, block_size: int, num_blocks: int, dtype: str, prefix_caching: bool) -> None:
+        self._cache_config_info.labels(self.model_name, ENGINE_INDEX, str(block_size), str(num_blocks), dtype,
+                                       str(prefix_caching).lower()).set(1)
 
     def render(self) -> bytes:
         return generate_latest(self._exposition)
