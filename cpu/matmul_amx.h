@@ -235,12 +235,23 @@ static inline __attribute__((always_inline)) void scale_tile_block(
     }
 }
 
+/* The weights of the next pass (the groups whose tiles are built next), asked into L2 a few lines
+ * per block while this pass computes: the build then reads them from L2 instead of waiting on
+ * DRAM with the tiles idle. Without it a pass's reads and its products took turns: at 8-16 rows
+ * of x (batched decode, the LM head) the build waited on DRAM for a large part of the matmul. */
+struct prefetch_cursor { const char *next, *end; int lines_per_block; };
+
+static inline void prefetch_some(struct prefetch_cursor *c) {
+    for (int i = 0; i < c->lines_per_block && c->next < c->end; i++, c->next += 64)
+        _mm_prefetch(c->next, _MM_HINT_T1);
+}
+
 /* Up to 16 int8 rows of x (x->q holds 16 readable rows) against a pair whose tiles are built.
  * The tiles compute block b + 1 while the vector units scale block b. W, P and (for full tiles)
  * R constants: the accumulators then stay in registers. */
 static inline __attribute__((always_inline)) void pair_tile_amx(
         const int32_t W, const struct pair_tiles *t, const struct quantized_x *x, const int R, const int P,
-        float out_a[][ROWS], float out_b[][ROWS]) {
+        struct prefetch_cursor *ahead, float out_a[][ROWS], float out_b[][ROWS]) {
     int32_t sums[2][AMX_ROWS][2 * ROWS] __attribute__((aligned(64)));
     __m512 acc[AMX_ROWS];
     for (int r = 0; r < R / P; r++) acc[r] = _mm512_setzero_ps();
@@ -249,10 +260,22 @@ static inline __attribute__((always_inline)) void pair_tile_amx(
     tile_block(W, t->b, xq, x->K, 0);
     for (int64_t b = 0; b < nb; b++) {
         if (b + 1 < nb) tile_block(W, t->b, xq, x->K, b + 1);
+        prefetch_some(ahead);
         store_block(W, b, sums);
         scale_tile_block(W, sums, t, x, b, R, P, acc);
     }
     store_pair_rows(acc, R / P, out_a, out_b);
+}
+
+/* The cursor over the next pass's groups [g, min(g1, g + 2 AMX_PAIRS_PER_PASS)), spread over this
+ * pass's blocks (its pairs x tiles A x nb). */
+static struct prefetch_cursor next_pass(const uint8_t *w, int64_t group_bytes, int64_t g, int64_t g1, int pairs,
+                                        int64_t rows, int64_t nb) {
+    const int64_t groups = g1 - g < 2 * AMX_PAIRS_PER_PASS ? g1 - g : 2 * AMX_PAIRS_PER_PASS;
+    const int64_t bytes = groups > 0 ? groups * group_bytes : 0, lines = (bytes + 63) / 64;
+    const int64_t blocks = (int64_t)pairs * ((rows + AMX_ROWS - 1) / AMX_ROWS) * nb;
+    const char *start = (const char *)(w + g * group_bytes);
+    return (struct prefetch_cursor){start, start + bytes, (int)((lines + blocks - 1) / blocks)};
 }
 
 /* Groups [g0, g1) of format W against every row of x, AMX_PAIRS_PER_PASS pairs at a time: their
@@ -278,13 +301,14 @@ static inline __attribute__((always_inline)) int format_groups_amx(const int32_t
             const uint8_t *ga = j->w + (g + 2 * pairs) * group_bytes;
             build_pair_tiles(ga, ga + group_bytes, W, nb, &t[pairs]);
         }
+        struct prefetch_cursor ahead = next_pass(j->w, group_bytes, g + 2 * pairs, g1, pairs, j->rows, nb);
         for (int64_t m = 0; m < j->rows; m += AMX_ROWS) {
             const int R = j->rows - m < AMX_ROWS ? (int)(j->rows - m) : AMX_ROWS;
             const struct quantized_x at = x_from(&j->x, m);
             float *y = j->y + (m / P) * j->ldy;
             for (int p = 0; p < pairs; p++) {
-                if (R == AMX_ROWS) pair_tile_amx(W, &t[p], &at, AMX_ROWS, P, out, out_b);
-                else pair_tile_amx(W, &t[p], &at, R, P, out, out_b);
+                if (R == AMX_ROWS) pair_tile_amx(W, &t[p], &at, AMX_ROWS, P, &ahead, out, out_b);
+                else pair_tile_amx(W, &t[p], &at, R, P, &ahead, out, out_b);
                 store_tile(out, R, P, (g + 2 * p) * ROWS, j->N, y, j->ldy);
                 store_tile(out_b, R, P, (g + 2 * p + 1) * ROWS, j->N, y, j->ldy);
             }
