@@ -118,6 +118,11 @@ class LLMEngine:
         thread may call it while a step runs."""
         return self.input_processor.tokenize(text, add_special_tokens)
 
+    def compile_constraint(self, params: SamplingParams | PoolingParams, abandoned=None) -> None:
+        """Compile a request's grammar into the cache before add_request (which then finds it
+        there); any thread, while a step runs (abandoned: GrammarCompiler.compile's)."""
+        self.input_processor.compile(params, abandoned)
+
     def _draft_model(self, config: SpeculativeConfig | None, xp, progress) -> DraftModelProposer | None:
         """The draft model's weights, on the backend before the target's pool is sized."""
         if config is None or config.method != "draft_model":

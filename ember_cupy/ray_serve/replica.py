@@ -76,11 +76,10 @@ class EngineReplica:
 
     def record_routing_stats(self) -> dict:
         """Serve polls this for the router (request_routing_stats_period_s): the engine's own queues."""
-        engine = self.engine.engine
-        return {"num_running": engine.num_running, "num_waiting": engine.num_waiting,
+        stats = self.engine.scheduler_stats   # a published snapshot: safe while a step runs
+        return {"num_running": stats.num_running, "num_waiting": stats.num_waiting,
                 "num_in_flight": self.engine.num_in_flight,
-                "num_free_blocks": engine.block_manager.num_free_blocks,
-                "kv_cache_blocks": engine.block_manager.num_blocks,
+                "num_free_blocks": stats.num_free_blocks, "kv_cache_blocks": stats.num_blocks,
                 "requests_admitted": self.requests_admitted, "requests_cancelled": self.requests_cancelled,
                 "replica_id": _replica_id(), "pid": os.getpid()}
 

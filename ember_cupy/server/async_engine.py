@@ -289,7 +289,7 @@ class AsyncEngine:
         if isinstance(prompt, str) and token_ids is None:
             token_ids = await self.tokenize(prompt, add_special_tokens)
         if getattr(params, "structured_outputs", None) is not None:   # off the loop: admission finds it cached
-            await self._prepare(self._grammar, lambda abandoned: self.engine.input_processor.compile(params, abandoned))
+            await self._prepare(self._grammar, lambda abandoned: self.engine.compile_constraint(params, abandoned))
         self._check_admission()   # again: it may have died, begun stopping or filled up meanwhile
         stream = RequestStream(request_id, self)
         admitted = asyncio.get_running_loop().create_future()
