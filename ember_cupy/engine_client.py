@@ -40,6 +40,7 @@ class SpecDecodeCounts:
 
 @dataclass(frozen=True)
 class SchedulerStats:
+    """An engine's queues and KV cache at one moment (vLLM v1's SchedulerStats)."""
     num_running: int = 0             # sequences in the running batch
     num_waiting: int = 0             # requests queued, new or preempted
     num_slots_used: int = 0          # running sequences + the forks running parents will make (n > 1)

@@ -25,8 +25,8 @@ from ember_cupy.engine.ngram_proposer import NgramProposer
 from ember_cupy.engine.sequence import Sequence
 from ember_cupy.engine.spec_verify import verified_tokens
 from ember_cupy.engine.speculation_gate import Candidate, choose_drafts
-from ember_cupy.engine_client import SpecDecodeCounts
 from ember_cupy.engine.step_costs import StepCosts
+from ember_cupy.engine_client import SpecDecodeCounts
 from ember_cupy.speculative_config import SpeculativeConfig
 
 PRIOR_ACCEPTANCE = 0.5     # a fresh estimate's start, before any verification
