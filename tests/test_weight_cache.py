@@ -36,6 +36,17 @@ def _entries(directory) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
 
+def _file_mapped_at(address: int) -> str | None:
+    """The path of the file mapped at `address` in this process (Linux's /proc/self/maps)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return fields[5].strip() if len(fields) == 6 else None
+    return None
+
+
 @pytest.fixture(scope="module")
 def reference():
     return _answer(LLM(default_model_path(), weight_cache="off"))
@@ -46,6 +57,10 @@ def test_second_load_maps_the_first_loads_file_and_answers_the_same(tmp_path, re
     assert first.engine.runner.weight_cache.reading is False
     key = first.engine.runner.weight_cache.key
     assert _entries(tmp_path) == [f"{key}.bin", f"{key}.json"]
+    if os.path.exists("/proc/self/maps"):   # packed in memory, served from the file once it is written
+        first_qkv = first.engine.runner.model.layers[0].qkv.data
+        assert _file_mapped_at(first_qkv.ctypes.data) == str(tmp_path / f"{key}.bin")
+        assert not first_qkv.flags.writeable
     assert _answer(first) == reference
     second = _load(default_model_path(), tmp_path)
     cache = second.engine.runner.weight_cache
