@@ -212,6 +212,19 @@ def warm_up(server: Server, w: Workload | None = None) -> None:
     sampling = {k: getattr(w, k) for k in ("temperature", "top_p", "top_k")} if w else {}
     warm = Workload("warmup", 2, 2, 16, 32, 8, **sampling)
     asyncio.run(bs.run_benchmark(server.url, payloads(model, warm, 99_991), 2))
+    if server.name == "ember-cupy":
+        wait_weight_cache_written(server)
+
+
+def wait_weight_cache_written(server: Server, timeout: float = 120.0) -> None:
+    """A first start of ember-cupy serves while a background thread writes its packed weights to
+    the weight cache and then maps them from there (ember_cupy/model/weight_cache.py): measure
+    once that is done, in the state every later start serves from. The entry being written is
+    `<key>.bin.<pid>.<token>.tmp`."""
+    directory = Path(os.path.expanduser(os.environ.get("EMBER_WEIGHT_CACHE", "~/.cache/ember-cupy/packed-weights")))
+    deadline = time.monotonic() + timeout
+    while list(directory.glob(f"*.bin.{server.pid}.*.tmp")) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 MERGED = ("errors", "error_counts", "failures", "server_log")
