@@ -7,7 +7,10 @@ every thread while one `stream: true` chat completion runs, counting
            another ember_cupy file: every place where control goes back to a file it had left.
            nano-vllm's layout has a step return only to llm_engine.py.
 The model's forward (model/, ops/, the weight formats) is the runner's business, not the
-request's way through the server and engine: those files are left out unless --all.
+request's way through the server and engine: those files are left out unless --all. Reading a
+property of an ember_cupy class (`seq.num_tokens`, `params.greedy`) is reading an attribute,
+though the profiler sees a call: such reads are not counted unless --count-properties (both
+counts are printed).
 
   python tools/trace_request.py [--max-tokens 8] [--json out.json] [--list] [--all]
 """
@@ -31,8 +34,9 @@ class FileTransitions:
 
     def __init__(self, skip: tuple[str, ...] = ()):
         self.skip = skip
-        self.files: Counter[str] = Counter()
-        self.returns: Counter[tuple[str, str]] = Counter()
+        self.data_reads: set = set()   # code objects whose calls are attribute reads
+        self.files: Counter[tuple[str, bool]] = Counter()                 # (file, a property read)
+        self.returns: Counter[tuple[str, str, bool]] = Counter()         # (from, to, a property read)
         self.lock = threading.Lock()
         self.active = True   # threads started under the hook keep it: stop() silences them
 
@@ -50,12 +54,18 @@ class FileTransitions:
             name = self._name(frame)
             if name:
                 with self.lock:
-                    self.files[name] += 1
+                    self.files[(name, frame.f_code in self.data_reads)] += 1
         elif event == "return" and frame.f_back is not None:
             callee, caller = self._name(frame), self._name(frame.f_back)
             if callee and caller and callee != caller:
                 with self.lock:
-                    self.returns[(callee, caller)] += 1
+                    self.returns[(callee, caller, frame.f_code in self.data_reads)] += 1
+
+    def counted(self, properties: bool) -> tuple[list[str], list[str]]:
+        """The files called and the return edges, property reads among them or not."""
+        files = sorted({name for name, read in self.files if properties or not read})
+        edges = sorted({f"{a} -> {b}" for a, b, read in self.returns if properties or not read})
+        return files, edges
 
     def start(self):
         threading.setprofile(self)
@@ -65,6 +75,19 @@ class FileTransitions:
         self.active = False
         sys.setprofile(None)
         threading.setprofile(None)
+
+
+def property_getters() -> set:
+    """The code of every property getter of the ember_cupy classes imported so far."""
+    codes = set()
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("ember_cupy"):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, type) and value.__module__ == name:
+                codes |= {attr.fget.__code__ for attr in vars(value).values()
+                          if isinstance(attr, property) and attr.fget is not None}
+    return codes
 
 
 def _one_streamed_chat(url: str, max_tokens: int) -> str:
@@ -82,6 +105,8 @@ def main() -> int:
     parser.add_argument("--json", help="write the counts here")
     parser.add_argument("--list", action="store_true", help="print every file and return edge")
     parser.add_argument("--all", action="store_true", help="count the model's forward (model/, ops/) too")
+    parser.add_argument("--count-properties", action="store_true",
+                        help="list property reads as calls (both counts are printed either way)")
     args = parser.parse_args()
     from ember_cupy.config import EngineConfig
     from ember_cupy.engine.llm_engine import LLMEngine
@@ -95,6 +120,7 @@ def main() -> int:
     server = BackgroundServer(engine, ServerSettings(host="127.0.0.1", port=0, served_model_names=["default"])).start()
     try:
         _one_streamed_chat(server.url, 1)           # warm-up (first-use compiles, caches), not counted
+        hook.data_reads = property_getters()
         hook.files.clear()
         hook.returns.clear()
         sys.setprofile(hook)
@@ -103,10 +129,14 @@ def main() -> int:
     finally:
         server.stop()
     assert "[DONE]" in text, text[-500:]
-    result = {"files": len(hook.files), "returns": len(hook.returns),
-              "file_list": sorted(hook.files), "return_edges": sorted(f"{a} -> {b}" for a, b in hook.returns)}
+    files, edges = hook.counted(args.count_properties)
+    all_files, all_edges = hook.counted(True)
+    result = {"files": len(files), "returns": len(edges), "file_list": files, "return_edges": edges,
+              "with_property_reads": {"files": len(all_files), "returns": len(all_edges)}}
     print(f"one streamed chat request, {args.max_tokens} tokens: {result['files']} files, "
-          f"{result['returns']} distinct cross-file returns")
+          f"{result['returns']} distinct cross-file returns"
+          + ("" if args.count_properties else f" ({len(all_files)} files, {len(all_edges)} returns "
+                                             "counting property reads as calls)"))
     if args.list:
         print("\n".join(["files:", *result["file_list"], "returns:", *result["return_edges"]]))
     if args.json:
