@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -194,3 +195,14 @@ def test_two_engines_writing_one_entry_in_one_process_keep_their_own_files(tmp_p
     key = first.engine.runner.weight_cache.key
     assert _entries(tmp_path) == [f"{key}.bin", f"{key}.json"]
     assert _answer(_load(default_model_path(), tmp_path)) == reference
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MAP_NORESERVE is Linux's")
+def test_the_pack_region_of_a_model_larger_than_memory_costs_only_address_space():
+    """The region is the model's size bound (2 bytes a weight): a 30B model's on a machine with
+    less memory is still made, as only what is packed into it is ever touched."""
+    from ember_cupy.model.pack_region import PackRegion
+    region = PackRegion(64 << 30)
+    packed = region.array(4096, (3, 5), np.float32)
+    packed[:] = 7
+    assert region.bytes.ctypes.data % (2 << 20) == 0 and packed.sum() == 105
