@@ -4,7 +4,8 @@ every thread while one `stream: true` chat completion runs, counting
 
   files    the ember_cupy source files with a function called for the request;
   returns  the distinct (from file -> to file) pairs of a function returning into a caller of
-           another ember_cupy file: every place where control goes back to a file it had left.
+           another ember_cupy file: every place where control goes back to a file it had left;
+  ping-pong  pairs of files that each return into the other.
            nano-vllm's layout has a step return only to llm_engine.py.
 The model's forward (model/, ops/, the weight formats) is the runner's business, not the
 request's way through the server and engine: those files are left out unless --all. Reading a
@@ -90,6 +91,14 @@ def property_getters() -> set:
     return codes
 
 
+def ping_pong(edges: list[str]) -> list[str]:
+    """Pairs of files that each return into the other: control going back and forth between two
+    files (the issue's serving.py <-> responses.py), rather than from helpers back to the one file
+    that orchestrates them."""
+    pairs = {tuple(edge.split(" -> ")) for edge in edges}
+    return sorted(f"{a} <-> {b}" for a, b in pairs if (b, a) in pairs and a < b)
+
+
 def _one_streamed_chat(url: str, max_tokens: int) -> str:
     import urllib.request
     body = json.dumps({"model": "default", "stream": True, "max_tokens": max_tokens, "temperature": 0,
@@ -132,11 +141,13 @@ def main() -> int:
     files, edges = hook.counted(args.count_properties)
     all_files, all_edges = hook.counted(True)
     result = {"files": len(files), "returns": len(edges), "file_list": files, "return_edges": edges,
-              "with_property_reads": {"files": len(all_files), "returns": len(all_edges)}}
+              "with_property_reads": {"files": len(all_files), "returns": len(all_edges)},
+              "ping_pong": ping_pong(edges)}
     print(f"one streamed chat request, {args.max_tokens} tokens: {result['files']} files, "
           f"{result['returns']} distinct cross-file returns"
           + ("" if args.count_properties else f" ({len(all_files)} files, {len(all_edges)} returns "
                                              "counting property reads as calls)"))
+    print(f"files returning into each other (ping-pong): {len(result['ping_pong'])} {result['ping_pong']}")
     if args.list:
         print("\n".join(["files:", *result["file_list"], "returns:", *result["return_edges"]]))
     if args.json:
