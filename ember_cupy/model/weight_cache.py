@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from ember_cupy.half_weight import HalfWeight
-from ember_cupy.ops import _host
 from ember_cupy.model.pack_region import PackRegion
+from ember_cupy.ops import _host
 from ember_cupy.packed_weight import PackedWeight, StackedWeight, stack
 
 logger = logging.getLogger("ember_cupy.weights")
