@@ -259,3 +259,25 @@ def test_run_model_against_stub_servers(tiny_files, tmp_path, monkeypatch):
     assert rows["c1 TPOT (ms)"]["ember-cupy"] > 5 and rows["c8 output tok/s"]["llama.cpp"] > 0
     assert rows["failed requests"]["ember-cupy"] == rows["failed requests"]["llama.cpp"] == 0
     assert rows["c1 % of bandwidth floor, bytes as served"]["ember-cupy"] is None   # the stub has no /version
+
+
+def test_a_first_started_server_is_measured_once_its_weight_cache_entry_is_written(tmp_path, monkeypatch):
+    """bench_vs_llamacpp.wait_weight_cache_written waits while the server's entry is being
+    written (`<key>.bin.<pid>.<token>.tmp`, ember_cupy/model/weight_cache.py), not for another
+    process's, and returns as soon as it is gone."""
+    import threading
+    import time
+    bv = bm.bv
+    monkeypatch.setenv("EMBER_WEIGHT_CACHE", str(tmp_path))
+    server = bv.Server("ember-cupy", ["true"], {}, 0, tmp_path / "log")
+    server.proc = type("Proc", (), {"pid": 4242})()
+    (tmp_path / "key.bin.999.abcd.tmp").write_bytes(b"")            # another writer: not waited for
+    started = time.monotonic()
+    bv.wait_weight_cache_written(server, timeout=5)
+    assert time.monotonic() - started < 1
+    entry = tmp_path / "key.bin.4242.abcd.tmp"
+    entry.write_bytes(b"")
+    threading.Timer(0.6, entry.unlink).start()
+    started = time.monotonic()
+    bv.wait_weight_cache_written(server, timeout=5)
+    assert 0.5 < time.monotonic() - started < 3
