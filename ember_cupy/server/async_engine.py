@@ -50,6 +50,9 @@ DEFAULT_STREAM_STALL_TIMEOUT = 60.0
 # Texts up to this many characters are tokenized (and templated) by their own worker threads, so
 # a cheap request never queues behind multi-megabyte ones.
 SMALL_TEXT_CHARS = 64 << 10
+# Seconds the engine stays idle after start before llguidance's tokenizer is built (see
+# _prepare_grammar_tokenizer).
+GRAMMAR_TOKENIZER_IDLE_S = 0.5
 
 
 class EngineState(enum.Enum):
@@ -131,6 +134,7 @@ class AsyncEngine:
         self._large_text = PrepareWorkers("ember-large-text", slow=True)
         self._grammar = PrepareWorkers("ember-grammar", slow=True)
         self._ids = itertools.count()
+        self._grammar_tokenizer_due = False   # set at start (see _prepare_grammar_tokenizer)
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -149,17 +153,31 @@ class AsyncEngine:
         self.engine.process_in_step = False   # the loop runs process_outputs() on the step's result
         if self.metrics:
             self._watch_engine(self.metrics)
+        grammars = getattr(self.engine, "grammars", None)
+        self._grammar_tokenizer_due = grammars is not None and grammars.prepared_at_start
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="ember-engine-loop")
-        self._prepare_grammar_tokenizer()
 
     def _prepare_grammar_tokenizer(self) -> None:
-        """Build llguidance's tokenizer now, on a grammar worker: it holds the GIL ~0.3 s (49k
-        vocabulary), which stalled every running request once, inside the first constrained
-        request; now it happens while the server has only just said ready. A large vocabulary's
-        waits for the first constrained request (GrammarCompiler.prepared_at_start)."""
-        grammars = getattr(self.engine, "grammars", None)
-        if grammars is not None and grammars.prepared_at_start:
-            self._grammar.submit(lambda _abandoned: grammars.ll_tokenizer)
+        """Build llguidance's tokenizer on a grammar worker, once the engine has been idle for
+        GRAMMAR_TOKENIZER_IDLE_S after start. It holds the GIL ~0.3 s (49k vocabulary): inside
+        the first constrained request it stalled every running request once, and built as the
+        server said ready it held back the first answers to /health by as much (every start of a
+        49k-vocabulary model). A constrained request that comes first builds it itself. A large
+        vocabulary's waits for the first constrained request (GrammarCompiler.prepared_at_start)."""
+        self._grammar_tokenizer_due = False
+        grammars = self.engine.grammars
+        self._grammar.submit(lambda _abandoned: grammars.ll_tokenizer)
+
+    async def _wait_for_work(self) -> None:
+        """Until an op arrives; meanwhile, the first time the engine has been idle long enough,
+        llguidance's tokenizer is built (_prepare_grammar_tokenizer)."""
+        if not self._grammar_tokenizer_due:
+            await self._wake.wait()
+            return
+        try:
+            await asyncio.wait_for(self._wake.wait(), GRAMMAR_TOKENIZER_IDLE_S)
+        except asyncio.TimeoutError:
+            self._prepare_grammar_tokenizer()
 
     async def shutdown(self, drain_timeout: float = 0.0) -> None:
         """Stop admitting; let in-flight requests finish for up to drain_timeout seconds,
@@ -330,7 +348,7 @@ class AsyncEngine:
                 if not engine.has_unfinished_requests():
                     self._wake.clear()
                     if not self._ops:
-                        await self._wake.wait()
+                        await self._wait_for_work()
                     continue
                 computed = await loop.run_in_executor(self._executor, engine.step)
                 outputs = engine.process_outputs(computed) if computed else []

@@ -73,11 +73,18 @@ def test_structured_outputs_on_both_endpoints(base_url):
     assert re.fullmatch(r" [0-9]{3}-[0-9]{4}", json.loads(raw)["choices"][0]["text"])
 
 
-def test_a_small_vocabularys_grammar_tokenizer_is_built_when_the_server_starts(server):
-    """49k tokens: ~0.3 s, built on a grammar worker at start, so that no constrained request
-    stalls the others for it (a 262k vocabulary waits for the first one: tests/test_gemma3.py)."""
-    grammars = server.engine.engine.grammars
+def test_a_small_vocabularys_grammar_tokenizer_is_built_once_the_started_server_is_idle(start_server, monkeypatch):
+    """49k tokens: ~0.3 s holding the GIL, built on a grammar worker once the engine has been
+    idle for a moment after start: not while the server first answers (/health waited for it),
+    and not inside the first constrained request, which stalled the others (a 262k vocabulary
+    waits for the first one: tests/test_gemma3.py)."""
+    from ember_cupy.server import async_engine
+    monkeypatch.setattr(async_engine, "GRAMMAR_TOKENIZER_IDLE_S", 3.0)   # a slow machine's margin
+    fresh = start_server()
+    grammars = fresh.engine.engine.grammars
     assert grammars.prepared_at_start
+    status, _, _ = http(fresh.url, "GET", "/health")
+    assert status == 200 and not grammars.tokenizer_built
     deadline = time.monotonic() + 30
     while not grammars.tokenizer_built and time.monotonic() < deadline:
         time.sleep(0.05)
