@@ -14,6 +14,7 @@ a thread reading the weights meanwhile waits out the call and reads the same byt
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import mmap
 import sys
@@ -23,6 +24,21 @@ import numpy as np
 logger = logging.getLogger("ember_cupy.weights")
 
 HUGE_PAGE = 2 << 20
+_MAP_FIXED = 0x10   # Linux's value on every architecture it runs on
+# The region is a bound (2 bytes a weight): only what is packed should count against the commit
+# limit, as the sparse file the region replaces did not count at all. x86-64 and arm64 Linux value
+# (asm-generic/mman.h), which Python 3.11's mmap module does not name.
+_NO_RESERVE = 0x4000 if sys.platform.startswith("linux") else 0
+
+
+@functools.lru_cache(maxsize=1)
+def _libc_mmap():
+    """libc's mmap(addr, length, prot, flags, fd, offset), which Python's mmap module cannot call
+    with an address."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    return libc.mmap
 
 
 class PackRegion:
@@ -45,22 +61,12 @@ class PackRegion:
         such call or refuses it: the region then stays as it is."""
         if not sys.platform.startswith("linux") or length <= 0 or length > self.bytes.nbytes:
             return False
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_long]
         address = self.bytes.ctypes.data
         length = -(-length // mmap.PAGESIZE) * mmap.PAGESIZE
-        result = libc.mmap(address, length, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
+        result = _libc_mmap()(address, length, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
         if result != address:
             logger.warning("packed weights stay in anonymous memory: mmap over them failed (errno %d)",
                            ctypes.get_errno())
             return False
         return True
 
-
-_MAP_FIXED = 0x10   # Linux's value on every architecture it runs on
-# The region is a bound (2 bytes a weight): only what is packed should count against the commit
-# limit, as the sparse file the region replaces did not count at all. x86-64 and arm64 Linux value
-# (asm-generic/mman.h), which Python 3.11's mmap module does not name.
-_NO_RESERVE = 0x4000 if sys.platform.startswith("linux") else 0
