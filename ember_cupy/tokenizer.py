@@ -126,6 +126,11 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._hf.id_to_token(int(token_id))
 
+    def added_tokens(self) -> dict[int, tuple[str, bool]]:
+        """The tokens added beside the model's vocabulary (control tokens such as BOS, EOS, chat
+        markers, and user-defined ones): id -> (text, whether special)."""
+        return {i: (t.content, t.special) for i, t in self._hf.get_added_tokens_decoder().items()}
+
     def token_bytes_text(self, token_id: int) -> str:
         """The token's own text, as in logprobs entries (may be a partial UTF-8 sequence)."""
         return self._hf.decode([int(token_id)], skip_special_tokens=False)

@@ -1,8 +1,8 @@
 """Grammars for StructuredOutputsParams, compiled by llguidance and cached per engine.
 
-One `GrammarCompiler` per engine: it builds llguidance's tokenizer once (from the `tokenizers`
-JSON the engine already has; ~0.3-0.4 s for a 49k vocabulary, holding the GIL: the server builds
-it right after start-up, the offline engine when the first constrained request arrives) and keeps
+One `GrammarCompiler` per engine: it builds llguidance's tokenizer once (from the engine's own
+tokenizer, ll_tokenizer.py; ~0.2 s for a 49k vocabulary, holding the GIL: the server builds it
+once idle after start-up, the offline engine when the first constrained request arrives) and keeps
 the compiled matchers in an LRU cache keyed by StructuredOutputsParams.key.
 A request gets a private copy of the cached matcher (`LLMatcher.deep_copy`, which shares the
 compiled grammar). `compile` is thread-safe: the server calls it from a worker thread, off its
@@ -34,6 +34,7 @@ from ember_cupy.structured.closed_objects import close_objects
 from ember_cupy.structured.constraint import GrammarConstraint
 from ember_cupy.structured.grammar_cache import ByteBoundedCache
 from ember_cupy.structured.large_stack import call_with_large_stack
+from ember_cupy.structured.ll_tokenizer import build_ll_tokenizer
 from ember_cupy.structured.messages import brief
 from ember_cupy.structured.params import StructuredOutputsParams
 from ember_cupy.structured.parser_limits import PARSER_LIMITS, grammar_size_refusal
@@ -43,8 +44,8 @@ logger = logging.getLogger("ember_cupy.structured")
 CACHE_SIZE = 256                 # compiled grammars kept, at most ...
 CACHE_BYTES = 512 << 20          # ... and their weight in all
 MAX_GRAMMAR_BYTES = 128 << 20    # one compiled grammar's weight; more is refused
-# llguidance's tokenizer is built when a server starts up to this vocabulary (SmolLM2's 49k: ~0.3 s
-# holding the GIL), else at the first constrained request: Gemma 3's 262k take ~2.3 s and ~475 MB,
+# llguidance's tokenizer is built when a server starts up to this vocabulary (SmolLM2's 49k: ~0.2 s
+# holding the GIL), else at the first constrained request: Gemma 3's 262k take ~1.6 s and ~100 MB,
 # which a server that never constrains its output should not pay in load time and memory.
 PREPARE_AT_START_MAX_VOCAB = 65536
 MiB = 1 << 20
@@ -85,9 +86,7 @@ class GrammarCompiler:
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:
             if self._ll_tokenizer is None:
-                self._ll_tokenizer = llguidance.LLTokenizer(
-                    _tokenizer_json(self._tokenizer), n_vocab=self.vocab_size,
-                    eos_token=list(self._tokenizer.eos_token_ids))
+                self._ll_tokenizer = build_ll_tokenizer(self._tokenizer, self.vocab_size)
             return self._ll_tokenizer
 
     def compile(self, params: StructuredOutputsParams,
@@ -170,9 +169,3 @@ def _grammar(params: StructuredOutputsParams) -> str:
         raise ValueError(f"structured_outputs.{kind}: {brief(str(exc))}") from None
     except RecursionError:   # GBNF is converted to Lark in Python
         raise ValueError(f"structured_outputs.{kind} is nested too deeply") from None
-
-
-def _tokenizer_json(tokenizer) -> str:
-    """The `tokenizers.Tokenizer` JSON behind ember's Tokenizer (GGUF vocabularies are rebuilt
-    as one at load, so every model has it)."""
-    return tokenizer._hf.to_str()
