@@ -49,7 +49,12 @@ typedef struct {              /* per step (ember_cupy/ops/layer.py: StepArgs) */
 enum { LAYER_OK = 0, LAYER_NO_MEMORY = 2, LAYER_ATTENTION = 20, LAYER_BAD_SLOT = 30, LAYER_BAD_NORMS = 31,
        LAYER_BAD_ACTIVATION = 32, LAYER_NO_RESIDUAL = 33 };
 
-typedef struct { float *x, *qkv, *attn, *gate_up, *act; } Scratch;   /* [T, *] each */
+/* A step's activations. The attention block's (qkv, attn) and the MLP's (gate_up, its activation
+ * written over the gate half in place) are never live together, so they share `work`: at a
+ * 512-token prefill of a 0.5B model that is 20 MB where five buffers took 37 MB, and a step's
+ * scratch is most of the memory the engine holds beside its weights and KV cache. x: the
+ * sandwich layout's block input only (NULL for Llama's). */
+typedef struct { float *x, *work, *qkv, *attn, *gate_up; } Scratch;
 
 static void write_kv(const StepArgs *s, const LayerWeights *w, const float *qkv, int64_t ld, int64_t q_size) {
     const int64_t row = (int64_t)s->kv_heads * s->head_dim, kv_size = row;
@@ -67,10 +72,10 @@ static void write_kv(const StepArgs *s, const LayerWeights *w, const float *qkv,
     }
 }
 
-/* y [T, N] = x [T, K] @ W^T with the step's activation passes; 0, or 10 + the matmul's status. */
-static int matmul(const StepArgs *s, const float *x, int64_t K, const EmberWeightPart *w, int32_t parts, int64_t N,
-                  float *y) {
-    const int status = ember_matmul_parts(x, s->tokens, K, K, w, parts, y, N, s->passes, s->second_pass_threshold);
+/* y [T, N] = x [T, K] (rows ldx apart) @ W^T with the step's activation passes; 0, or 10 + the matmul's status. */
+static int matmul(const StepArgs *s, const float *x, int64_t K, int64_t ldx, const EmberWeightPart *w, int32_t parts,
+                  int64_t N, float *y) {
+    const int status = ember_matmul_parts(x, s->tokens, K, ldx, w, parts, y, N, s->passes, s->second_pass_threshold);
     return status ? 10 + status : 0;
 }
 
@@ -85,18 +90,19 @@ static int check_args(const LayerWeights *w, const StepArgs *s) {
 }
 
 static void scratch_free(Scratch *b) {
-    free(b->x); free(b->qkv); free(b->attn); free(b->gate_up); free(b->act);
+    free(b->x); free(b->work);
 }
 
-static int scratch_alloc(Scratch *b, const StepArgs *s) {
+static int scratch_alloc(Scratch *b, const StepArgs *s, int sandwich) {
     const int64_t T = s->tokens, q_size = (int64_t)s->heads * s->head_dim;
     const int64_t qkv_size = q_size + 2 * (int64_t)s->kv_heads * s->head_dim;
-    b->x = malloc(sizeof(float) * (size_t)(T * s->hidden));
-    b->qkv = malloc(sizeof(float) * (size_t)(T * qkv_size));
-    b->attn = malloc(sizeof(float) * (size_t)(T * q_size));
-    b->gate_up = malloc(sizeof(float) * (size_t)(T * 2 * s->inter));
-    b->act = malloc(sizeof(float) * (size_t)(T * s->inter));
-    if (b->x && b->qkv && b->attn && b->gate_up && b->act) return LAYER_OK;
+    const int64_t attention_floats = qkv_size + q_size, mlp_floats = 2 * s->inter;
+    b->x = sandwich ? malloc(sizeof(float) * (size_t)(T * s->hidden)) : NULL;
+    b->work = malloc(sizeof(float) * (size_t)(T * (attention_floats > mlp_floats ? attention_floats : mlp_floats)));
+    b->qkv = b->work;
+    b->attn = b->work + T * qkv_size;
+    b->gate_up = b->work;
+    if (b->work && (b->x || !sandwich)) return LAYER_OK;
     scratch_free(b);
     return LAYER_NO_MEMORY;
 }
@@ -121,7 +127,7 @@ static const float *layer_cos_sin(const LayerWeights *w, const StepArgs *s) {
 static int attention_block(const LayerWeights *w, const StepArgs *s, const float *x, float *out, Scratch *b) {
     const int64_t T = s->tokens, H = s->hidden, D = s->head_dim;
     const int64_t q_size = (int64_t)s->heads * D, qkv_size = q_size + 2 * (int64_t)s->kv_heads * D;
-    int status = matmul(s, x, H, w->qkv, w->qkv_parts, qkv_size, b->qkv);
+    int status = matmul(s, x, H, H, w->qkv, w->qkv_parts, qkv_size, b->qkv);
     if (status) return status;
     if (w->qkv_bias) add_bias(b->qkv, T, qkv_size, w->qkv_bias);
     if (w->q_norm) {
@@ -136,17 +142,19 @@ static int attention_block(const LayerWeights *w, const StepArgs *s, const float
                                           s->block_tables, s->table_stride, s->max_blocks, s->context_lens,
                                           s->query_start_loc, s->num_seqs, s->scale, w->window);
     if (status) return LAYER_ATTENTION + status;
-    return matmul(s, b->attn, q_size, w->o, w->o_parts, H, out);
+    return matmul(s, b->attn, q_size, q_size, w->o, w->o_parts, H, out);
 }
 
-/* out [T, H] = mlp(x [T, H]); out may be x (x is read first). */
+/* out [T, H] = mlp(x [T, H]); out may be x (x is read first). The activation overwrites the gate
+ * half of each gate_up row (each element is read before it is written), and the down projection
+ * reads those halves, 2I apart. */
 static int mlp_block(const LayerWeights *w, const StepArgs *s, const float *x, float *out, Scratch *b) {
     const int64_t T = s->tokens, H = s->hidden, I = s->inter;
-    const int status = matmul(s, x, H, w->gate_up, w->gate_up_parts, 2 * I, b->gate_up);
+    const int status = matmul(s, x, H, H, w->gate_up, w->gate_up_parts, 2 * I, b->gate_up);
     if (status) return status;
-    if (s->activation == ACT_GELU_TANH) ember_gelu_tanh_and_mul(b->gate_up, 2 * I, b->act, I, T, I);
-    else ember_silu_and_mul(b->gate_up, 2 * I, b->act, I, T, I);
-    return matmul(s, b->act, I, w->down, w->down_parts, H, out);
+    if (s->activation == ACT_GELU_TANH) ember_gelu_tanh_and_mul(b->gate_up, 2 * I, b->gate_up, 2 * I, T, I);
+    else ember_silu_and_mul(b->gate_up, 2 * I, b->gate_up, 2 * I, T, I);
+    return matmul(s, b->gate_up, I, 2 * I, w->down, w->down_parts, H, out);
 }
 
 typedef int (*Block)(const LayerWeights *, const StepArgs *, const float *, float *, Scratch *);
@@ -201,7 +209,7 @@ EMBER_EXPORT int ember_llama_layer(const LayerWeights *w, const StepArgs *s, flo
                                    int32_t first) {
     if (s->tokens == 0) return LAYER_OK;
     Scratch b;
-    int status = scratch_alloc(&b, s);
+    int status = scratch_alloc(&b, s, w->post_attn_norm != NULL);
     if (status) return status;
     status = one_layer(w, s, hidden, residual, first, &b);
     scratch_free(&b);
@@ -215,8 +223,10 @@ EMBER_EXPORT int ember_llama_layer(const LayerWeights *w, const StepArgs *s, flo
 EMBER_EXPORT int ember_decoder_layers(const LayerWeights *layers, int32_t num_layers, const StepArgs *s, float *hidden,
                                       float *residual) {
     if (s->tokens == 0) return LAYER_OK;
+    int sandwich = 0;
+    for (int32_t i = 0; i < num_layers; i++) sandwich |= layers[i].post_attn_norm != NULL;
     Scratch b;
-    int status = scratch_alloc(&b, s);
+    int status = scratch_alloc(&b, s, sandwich);
     if (status) return status;
     for (int32_t i = 0; i < num_layers && !status; i++) status = one_layer(&layers[i], s, hidden, residual, i == 0, &b);
     scratch_free(&b);
