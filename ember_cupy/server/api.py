@@ -16,16 +16,13 @@ from ember_cupy.server.access_log import access_log_middleware
 from ember_cupy.server.async_engine import AsyncEngine, EngineOverloadedError, EngineState, PrepareTimeoutError
 from ember_cupy.server.embeddings import EmbeddingsServing
 from ember_cupy.server.errors import APIError, bad_request
-from ember_cupy.server.messages_api import MessagesServing
 from ember_cupy.server.metrics import CONTENT_TYPE_LATEST
 from ember_cupy.server.middleware import auth_middleware, cors_handlers, error_middleware
-from ember_cupy.server.openapi import openapi_spec
 from ember_cupy.server.protocol import validate
 from ember_cupy.server.protocol.constraints import tool_spec
 from ember_cupy.server.protocol.requests import DetokenizeRequest, TokenizeRequest
 from ember_cupy.server.output_parsers import OutputParsers
 from ember_cupy.server.response_store import MAX_BYTES, ResponseStore
-from ember_cupy.server.responses_api import ResponsesServing
 from ember_cupy.server.serving import (
     DEFAULT_MAX_PROMPT_TOKENS_PER_REQUEST,
     OpenAIServing,
@@ -81,6 +78,32 @@ def base_app(settings: ServerSettings) -> web.Application:
     return app
 
 
+class _BuiltAtFirstRequest:
+    """Handlers of an object built when one of them is first called. The Responses and Messages
+    APIs' modules and pydantic models take ~15-20 ms each to import: a server that is never asked
+    for them should not wait for them at every start."""
+
+    def __init__(self, build):
+        self._build, self._built = build, None
+
+    def handler(self, name: str):
+        async def handle(request: web.Request) -> web.StreamResponse:
+            if self._built is None:
+                self._built = self._build()
+            return await getattr(self._built, name)(request)
+        return handle
+
+
+def _responses_serving(serving, settings: ServerSettings):
+    from ember_cupy.server.responses_api import ResponsesServing
+    return ResponsesServing(serving, ResponseStore(max_bytes=settings.response_store_bytes))
+
+
+def _messages_serving(serving):
+    from ember_cupy.server.messages_api import MessagesServing
+    return MessagesServing(serving)
+
+
 def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     app = base_app(settings)
     serving = OpenAIServing(engine, settings.served_model_names, settings.max_prompt_tokens_per_request,
@@ -91,13 +114,13 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     handlers = _Handlers(engine, serving, settings)
     app.router.add_post("/v1/completions", serving.completions)
     app.router.add_post("/v1/chat/completions", serving.chat)
-    responses = ResponsesServing(serving, ResponseStore(max_bytes=settings.response_store_bytes))
-    app.router.add_post("/v1/responses", responses.create)
-    app.router.add_get("/v1/responses/{response_id}", responses.retrieve)
+    responses = _BuiltAtFirstRequest(lambda: _responses_serving(serving, settings))
+    app.router.add_post("/v1/responses", responses.handler("create"))
+    app.router.add_get("/v1/responses/{response_id}", responses.handler("retrieve"))
     app.router.add_post("/v1/embeddings", EmbeddingsServing(serving).embeddings)
-    messages = MessagesServing(serving)
-    app.router.add_post("/v1/messages", messages.create)
-    app.router.add_post("/v1/messages/count_tokens", messages.count_tokens)
+    messages = _BuiltAtFirstRequest(lambda: _messages_serving(serving))
+    app.router.add_post("/v1/messages", messages.handler("create"))
+    app.router.add_post("/v1/messages/count_tokens", messages.handler("count_tokens"))
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_get("/v1/models/{model}", handlers.model)
     app.router.add_get("/health", handlers.health)
@@ -200,6 +223,7 @@ class _Handlers:
         return web.json_response(runtime_info())
 
     async def openapi(self, request: web.Request) -> web.Response:
+        from ember_cupy.server.openapi import openapi_spec   # every protocol model: imported when asked
         return web.json_response(openapi_spec(ember_cupy.__version__))
 
     async def tokenize(self, request: web.Request) -> web.Response:
