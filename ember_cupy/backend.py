@@ -120,6 +120,25 @@ def lazily_zeroed(shape: tuple[int, ...], dtype) -> np.ndarray:
     return np.frombuffer(mapping, dtype=dtype, count=count).reshape(shape)
 
 
+def release_freed_heap() -> None:
+    """Give the free pages of the C heap back to the OS (glibc's malloc_trim; Linux only).
+
+    keep_freed_memory_mapped stops glibc from trimming by itself, so what a model's load built
+    and dropped stays resident: building Gemma 3's 262k-piece tokenizer leaves 44 MB of it
+    (a 49k vocabulary ~7 MB). The engine calls this once its model is loaded; the steps'
+    temporaries come after and stay mapped."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):   # not glibc
+        pass
+
+
 def keep_freed_memory_mapped() -> bool:
     """Stop glibc from returning large freed blocks to the OS (Linux only).
 

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from ember_cupy.backend import get_xp, keep_freed_memory_mapped, to_numpy
+from ember_cupy.backend import get_xp, keep_freed_memory_mapped, release_freed_heap, to_numpy
 from ember_cupy.chat_template import read_chat_template
 from ember_cupy.config import CPU_MAX_NUM_PREFILL_TOKENS, EngineConfig
 from ember_cupy.engine.block_manager import BlockManager
@@ -83,6 +83,7 @@ class LLMEngine:
                                   pool_share=draft.pool_share() if draft is not None else PoolShare())
         if xp is np:  # step temporaries stay mapped; the KV pool has its own mapping (lazily_zeroed)
             keep_freed_memory_mapped()
+            release_freed_heap()   # what the load dropped (its tokenizer's build)
         self._check_kv_pool()
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching)

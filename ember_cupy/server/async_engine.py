@@ -159,7 +159,7 @@ class AsyncEngine:
 
     def _prepare_grammar_tokenizer(self) -> None:
         """Build llguidance's tokenizer on a grammar worker, once the engine has been idle for
-        GRAMMAR_TOKENIZER_IDLE_S after start. It holds the GIL ~0.3 s (49k vocabulary): inside
+        GRAMMAR_TOKENIZER_IDLE_S after start. It holds the GIL ~0.2-0.3 s (49k vocabulary): inside
         the first constrained request it stalled every running request once, and built as the
         server said ready it held back the first answers to /health by as much (every start of a
         49k-vocabulary model). A constrained request that comes first builds it itself. A large
