@@ -81,3 +81,25 @@ def test_it_holds_less_memory_than_the_json_build(checkpoint):
     theirs_bytes = allocated_bytes() - before
     assert ours_bytes < 0.75 * theirs_bytes, (ours_bytes, theirs_bytes)
     del ours, theirs
+
+
+def test_added_tokens_on_a_byte_level_vocabulary():
+    """A user-defined token's text goes through the byte-level decoder as `tokenizers` decodes it
+    ("é!" is the bytes E9 21, which decode() shows as "\ufffd!"), as llguidance's JSON loader
+    takes it; special tokens and <...> ones are marked special."""
+    from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+    from ember_cupy.tokenizer import Tokenizer
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    hf = HFTokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    hf.add_tokens([AddedToken("é!", special=False), AddedToken("naïve", special=False),
+                   AddedToken("<eos>", special=True)])
+    eos = hf.token_to_id("<eos>")
+    tokenizer = Tokenizer(hf, bos_token_id=None, eos_token_ids=(eos,), add_bos_token=False, chat_template=None)
+    vocab_size = len(tokenizer)
+    ours, theirs = build_ll_tokenizer(tokenizer, vocab_size), from_json(tokenizer, vocab_size)
+    for token_id in range(vocab_size):
+        assert ours.decode_bytes([token_id]) == theirs.decode_bytes([token_id]), token_id
+        assert ours.is_special_token(token_id) == theirs.is_special_token(token_id), token_id
+    assert ours.decode_bytes([hf.token_to_id("é!")]) == tokenizer.token_bytes(hf.token_to_id("é!")) == b"\xe9!"
