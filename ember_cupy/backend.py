@@ -120,6 +120,20 @@ def lazily_zeroed(shape: tuple[int, ...], dtype) -> np.ndarray:
     return np.frombuffer(mapping, dtype=dtype, count=count).reshape(shape)
 
 
+def _linux_libc():
+    """The C library (ctypes), or None off Linux or where it cannot be loaded."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
 def release_freed_heap() -> None:
     """Give the free pages of the C heap back to the OS (glibc's malloc_trim; Linux only).
 
@@ -127,16 +141,9 @@ def release_freed_heap() -> None:
     and dropped stays resident: building Gemma 3's 262k-piece tokenizer leaves 44 MB of it
     (a 49k vocabulary ~7 MB). The engine calls this once its model is loaded; the steps'
     temporaries come after and stay mapped."""
-    import ctypes
-    import ctypes.util
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):   # not glibc
-        pass
+    libc = _linux_libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):   # glibc
+        libc.malloc_trim(0)
 
 
 def keep_freed_memory_mapped() -> bool:
@@ -150,15 +157,8 @@ def keep_freed_memory_mapped() -> bool:
     process (an application that embeds the engine keeps its freed memory mapped too). The first
     host-side LLMEngine sets it; EMBER_KEEP_FREED_MEMORY=0 leaves glibc's defaults.
     """
-    import ctypes
-    import ctypes.util
-    import sys
-
-    if not sys.platform.startswith("linux") or os.environ.get("EMBER_KEEP_FREED_MEMORY") == "0":
+    libc = _linux_libc()
+    if libc is None or not hasattr(libc, "mallopt") or os.environ.get("EMBER_KEEP_FREED_MEMORY") == "0":
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        return bool(libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, 2**31 - 1))
-    except (OSError, AttributeError):
-        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, 2**31 - 1))
