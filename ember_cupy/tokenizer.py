@@ -139,20 +139,19 @@ class Tokenizer:
         """The token's raw bytes, as its decoder produces them: for byte-level BPE the bytes its
         characters stand for, even when they are only part of a UTF-8 character (where
         token_bytes_text shows U+FFFD); b"" for an id the vocabulary does not have."""
-        token = self._hf.id_to_token(int(token_id))
-        if token is None:
-            return b""
-        if isinstance(self._hf.decoder, decoders.ByteLevel):
-            table = _byte_level_decoder()
-            if all(c in table for c in token):
-                return bytes(table[c] for c in token)
-            return token.encode("utf-8")   # as the ByteLevel decoder: a token outside its alphabet is its own text
-        byte = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", token)   # SentencePiece byte fallback
-        if byte:
-            return bytes([int(byte.group(1), 16)])
-        if SPACE in token:   # a SentencePiece piece: its decoder may strip a leading space
-            return token.replace(SPACE, " ").encode("utf-8")
-        return self.token_bytes_text(token_id).encode("utf-8")
+        return self.tokens_bytes([token_id])[0]
+
+    def tokens_bytes(self, token_ids) -> list[bytes]:
+        """token_bytes of each id; the pieces that only the decoder can spell are decoded in one
+        call (a whole vocabulary: Gemma 3's 262k pieces, for llguidance's token trie)."""
+        byte_level = isinstance(self._hf.decoder, decoders.ByteLevel)
+        out = [_piece_bytes(self._hf.id_to_token(int(i)), byte_level) for i in token_ids]
+        spelled = [k for k, piece in enumerate(out) if piece is None]
+        if spelled:
+            texts = self._hf.decode_batch([[int(token_ids[k])] for k in spelled], skip_special_tokens=False)
+            for k, text in zip(spelled, texts):
+                out[k] = text.encode("utf-8")
+        return out
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
         """The conversation as the model's prompt text, its special tokens written by the template:
@@ -160,6 +159,26 @@ class Tokenizer:
         if self.chat_template is None:
             raise ValueError("this model has no chat template; use a plain completion prompt")
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
+
+
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")   # SentencePiece's piece for one byte
+
+
+def _piece_bytes(token: str | None, byte_level: bool) -> bytes | None:
+    """A vocabulary piece's bytes where the piece itself says them; None where the decoder must."""
+    if token is None:
+        return b""
+    if byte_level:
+        table = _byte_level_decoder()
+        if all(c in table for c in token):
+            return bytes(table[c] for c in token)
+        return token.encode("utf-8")   # as the ByteLevel decoder: a token outside its alphabet is its own text
+    byte = _BYTE_FALLBACK.fullmatch(token)
+    if byte:
+        return bytes([int(byte.group(1), 16)])
+    if SPACE in token:   # a SentencePiece piece: its decoder may strip a leading space
+        return token.replace(SPACE, " ").encode("utf-8")
+    return None
 
 
 @functools.lru_cache(maxsize=1)

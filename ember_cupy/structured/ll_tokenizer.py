@@ -40,8 +40,10 @@ def token_bytes_for_llguidance(tokenizer, vocab_size: int) -> list[bytes]:
     added token written as <...> counts as special, as llguidance's own loaders take it); an id
     the vocabulary does not fill (logits wider than the vocabulary) is the special "<[i]>", as
     llguidance's JSON loader names it."""
-    tokens = [tokenizer.token_bytes(token_id) if tokenizer.id_to_token(token_id) is not None
-              else SPECIAL_TOKEN_MARK + f"<[{token_id}]>".encode() for token_id in range(vocab_size)]
+    tokens = tokenizer.tokens_bytes(range(vocab_size))
+    for token_id, piece in enumerate(tokens):
+        if not piece and tokenizer.id_to_token(token_id) is None:
+            tokens[token_id] = SPECIAL_TOKEN_MARK + f"<[{token_id}]>".encode()
     for token_id, (text, special) in tokenizer.added_tokens().items():
         if token_id < vocab_size and (special or _looks_like_control(text)):
             tokens[token_id] = SPECIAL_TOKEN_MARK + text.encode("utf-8")
