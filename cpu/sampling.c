@@ -1,6 +1,7 @@
 /* Per-row k-th largest logit (the top-k threshold of the sampler), in one pass over the row with
  * a min-heap of the k largest values so far. NumPy twin: ember_cupy/engine/sampler.py
- * (kth_largest_numpy: np.partition). Rows are split over the thread pool. */
+ * (kth_largest_numpy: np.partition). Per-row argmax (the greedy rows' tokens). Rows are split
+ * over the thread pool. */
 #include "common.h"
 #include "threadpool.h"
 
@@ -65,6 +66,48 @@ EMBER_EXPORT int ember_kth_largest(const float *x, int64_t rows, int64_t vocab, 
     if (rows >= 2) ember_parallel_for(rows, kth_rows, &job);
     else kth_rows(&job, 0, rows);
     return job.failed ? -2 : 0;
+}
+
+/* The first index of the row's largest value, NaN never winning; 0 when no value is above -inf
+ * (as the twin, which takes NaN for -inf). A selection, no arithmetic: the same on every path. */
+static int32_t row_argmax(const float *row, int64_t vocab) {
+    float best = -__builtin_inff();
+    int64_t at = -1, i = 0;
+#if defined(__AVX512F__)
+    if (vocab >= 16) {    /* per lane the first index of its largest value, then the lowest such index */
+        __m512 most = _mm512_set1_ps(best);
+        __m512i index = _mm512_set1_epi32(-1);
+        __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        for (; i + 16 <= vocab; i += 16) {
+            const __m512 v = _mm512_loadu_ps(row + i);
+            const __mmask16 above = _mm512_cmp_ps_mask(v, most, _CMP_GT_OQ);   /* false for NaN */
+            most = _mm512_mask_mov_ps(most, above, v);
+            index = _mm512_mask_mov_epi32(index, above, lane);
+            lane = _mm512_add_epi32(lane, _mm512_set1_epi32(16));
+        }
+        best = _mm512_reduce_max_ps(most);
+        if (best > -__builtin_inff())
+            at = _mm512_mask_reduce_min_epi32(_mm512_cmp_ps_mask(most, _mm512_set1_ps(best), _CMP_EQ_OQ), index);
+    }
+#endif
+    for (; i < vocab; i++)
+        if (row[i] > best) { best = row[i]; at = i; }
+    return at < 0 ? 0 : (int32_t)at;
+}
+
+struct argmax_job { const float *x; int64_t vocab, ld; int32_t *out; };
+
+static void argmax_rows(void *ctx, int64_t begin, int64_t end) {
+    const struct argmax_job *j = ctx;
+    for (int64_t r = begin; r < end; r++) j->out[r] = row_argmax(j->x + r * j->ld, j->vocab);
+}
+
+/* out[r] = the greedy token of x[r, :vocab] (row_argmax). NumPy twin: ember_cupy/engine/sampler.py
+ * (argmax_ignoring_nan_numpy). */
+EMBER_EXPORT void ember_argmax_rows(const float *x, int64_t rows, int64_t vocab, int64_t ld, int32_t *out) {
+    struct argmax_job job = {x, vocab, ld, out};
+    if (rows >= 2) ember_parallel_for(rows, argmax_rows, &job);
+    else argmax_rows(&job, 0, rows);
 }
 
 /* Token bitmask (llguidance's layout: token t allowed when bit t % 32 of word t / 32 is set):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ember_cupy import ops
-from ember_cupy.engine.sampler import kth_largest_numpy
+from ember_cupy.engine.sampler import argmax_ignoring_nan_numpy, kth_largest_numpy
 from ember_cupy.half_weight import pack_16bit
 from ember_cupy.ops import _host, activation, host_build, norm, rotary
 from ember_cupy.ops.attention import paged_attention_host
@@ -165,7 +165,10 @@ def _sampling_cases():
     logits[0, :3] = -np.inf
     mask = rng.integers(-2**31, 2**31, (5, 150), dtype=np.int64).astype(np.int32)   # 4800 < 5000 tokens
     mask[1, 10] = 0
-    return [("kth", logits, np.array([1, 7, 256, 4999, 5000], np.int64)), ("bitmask", logits, mask)]
+    greedy = logits[:, :4097].copy()     # an odd width, ties (the 1.5s), NaN first, +inf, a row of NaN and -inf
+    greedy[1, 0], greedy[2, 100], greedy[3, :], greedy[3, -1] = np.nan, np.inf, np.nan, -np.inf
+    return [("kth", logits, np.array([1, 7, 256, 4999, 5000], np.int64)), ("bitmask", logits, mask),
+            ("argmax", greedy, np.zeros((5, 0), np.int32))]
 
 
 CASES = {"matmul": _matmul_cases(), "attention": _attention_cases(), "rows": _row_cases(), "rope": _rope_cases(),
@@ -205,9 +208,12 @@ def _write_rope(f, q, k, positions, cache, neox):
         np.ascontiguousarray(array).tofile(f)
 
 
+SAMPLING_OPS = {"kth": 0, "bitmask": 1, "argmax": 2}
+
+
 def _write_sampling(f, op, logits, extra):
     words = extra.shape[1] if op == "bitmask" else 0
-    np.array([4, op == "bitmask", *logits.shape, words], np.int64).tofile(f)
+    np.array([4, SAMPLING_OPS[op], *logits.shape, words], np.int64).tofile(f)
     logits.tofile(f)
     np.ascontiguousarray(extra).tofile(f)
 
@@ -247,7 +253,7 @@ def _output_size(family, case):
     if family == "rows":
         return case[1].size if case[0] == "rms_norm" else case[1].size // 2
     if family == "sampling":
-        return case[1].shape[0] if case[0] == "kth" else case[1].size
+        return case[1].size if case[0] == "bitmask" else case[1].shape[0]
     return case[0].size + case[1].size
 
 
@@ -360,9 +366,10 @@ def test_each_arm_path_has_only_its_own_instructions(drivers):
 @pytest.mark.parametrize("isa", AARCH64_ISAS)
 def test_every_aarch64_sampling_helper_is_the_twin_exactly(outputs, isa):
     """Selections and masks, no arithmetic: exactly the twins' (and so the native kernels') values."""
-    (_, logits, ks), (_, masked_logits, mask) = CASES["sampling"]
-    kth, masked = outputs[isa]["sampling"]
+    (_, logits, ks), (_, masked_logits, mask), (_, greedy, _) = CASES["sampling"]
+    kth, masked, argmax = outputs[isa]["sampling"]
     np.testing.assert_array_equal(kth, kth_largest_numpy(logits, list(ks)))
+    np.testing.assert_array_equal(argmax, argmax_ignoring_nan_numpy(greedy))
     twin = masked_logits.copy()
     apply_token_bitmask_numpy(twin, mask, np.arange(len(twin)))
     np.testing.assert_array_equal(masked.reshape(twin.shape), twin)

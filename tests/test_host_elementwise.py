@@ -1,5 +1,5 @@
 """Host kernels of cpu/elementwise.c (RMSNorm, residual + RMSNorm, SiLU*up, GELU-tanh*up, RoPE)
-against their NumPy twins, on every ISA path this CPU can run, through the public ops."""
+and cpu/sampling.c (k-th largest, argmax) against their NumPy twins, on every ISA path this CPU can run, through the public ops."""
 import numpy as np
 import pytest
 
@@ -83,6 +83,33 @@ def test_rope_refuses_positions_outside_the_cache(host):
     q, k = np.zeros((1, 1, 8), np.float32), np.zeros((1, 1, 8), np.float32)
     with pytest.raises(ValueError, match="position"):
         ops.apply_rope(q, k, np.array([16], np.int32), cache)
+
+
+def argmax_cases():
+    """Odd widths (below, at and past a 16-lane vector), ties, NaN first / last / everywhere,
+    +-inf, rows of -inf only, a strided view."""
+    rng = np.random.default_rng(5)
+    cases = []
+    for vocab in (1, 7, 16, 17, 33, 5000, 262147):
+        x = rng.standard_normal((6, vocab)).astype(np.float32)
+        x[1, ::3] = 4.0                                # ties: the first wins
+        x[2, 0] = np.nan
+        x[3, :] = np.nan
+        x[3, -1] = -np.inf
+        x[4, :] = -np.inf
+        x[5, vocab // 2] = np.inf
+        x[5, -1] = np.nan
+        cases.append(x)
+    wide = rng.standard_normal((3, 700)).astype(np.float32)
+    cases.append(wide[:, 5:650])
+    return cases
+
+
+def test_argmax_equals_the_twin(host):
+    from ember_cupy.engine.sampler import argmax_ignoring_nan, argmax_ignoring_nan_numpy
+    for x in argmax_cases():
+        np.testing.assert_array_equal(argmax_ignoring_nan(x), argmax_ignoring_nan_numpy(x), err_msg=str(x.shape))
+    assert list(argmax_ignoring_nan(np.array([[1, np.nan, 2], [np.nan] * 3, [-np.inf] * 3], np.float32))) == [2, 0, 0]
 
 
 @pytest.mark.parametrize("rows", [1, 2, 7])

@@ -299,7 +299,7 @@ def sample_tokens_numpy(logits: np.ndarray, batch: SamplingBatch) -> np.ndarray:
     tokens = np.zeros(batch.num_rows, dtype=np.int32)
     greedy = np.flatnonzero(batch.greedy)
     if len(greedy):
-        tokens[greedy] = _argmax_ignoring_nan(logits if len(greedy) == batch.num_rows else logits[greedy])
+        tokens[greedy] = argmax_ignoring_nan(logits if len(greedy) == batch.num_rows else logits[greedy])
     random = np.flatnonzero(~batch.greedy)
     if len(random):
         rows = logits if len(random) == batch.num_rows else logits[random]
@@ -307,9 +307,22 @@ def sample_tokens_numpy(logits: np.ndarray, batch: SamplingBatch) -> np.ndarray:
     return tokens
 
 
-def _argmax_ignoring_nan(rows: np.ndarray) -> np.ndarray:
-    """argmax of each row with NaN never winning. np.argmax stops at a row's first NaN, so only
-    the rows where it picked one are redone (no full-batch mask: ~2 ms a step at batch 16)."""
+def argmax_ignoring_nan(rows: np.ndarray) -> np.ndarray:
+    """Each row's greedy token: the first index of its largest value, NaN never winning (0 when
+    none is above -inf). The host kernel (cpu/sampling.c, rows over the thread pool: Gemma 3's
+    16 x 262k logits 0.30 ms against NumPy's 0.61 ms, from the caches) or its NumPy twin."""
+    library = _host.active()
+    if library is None or rows.dtype != np.float32 or rows.ndim != 2 or rows.strides[-1] != 4 or len(rows) < 2:
+        return argmax_ignoring_nan_numpy(rows)   # one row: NumPy's own vector loop, without a call into C
+    out = np.empty(rows.shape[0], dtype=np.int32)
+    library.lib.ember_argmax_rows(rows.ctypes.data, rows.shape[0], rows.shape[1], rows.strides[0] // 4,
+                                  out.ctypes.data)
+    return out
+
+
+def argmax_ignoring_nan_numpy(rows: np.ndarray) -> np.ndarray:
+    """The twin of ember_argmax_rows. np.argmax stops at a row's first NaN, so only the rows where
+    it picked one are redone (no full-batch mask: ~2 ms a step at batch 16)."""
     picked = np.argmax(rows, axis=-1)
     nan_rows = np.flatnonzero(np.isnan(rows[np.arange(len(rows)), picked]))
     if len(nan_rows):

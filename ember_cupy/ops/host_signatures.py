@@ -39,5 +39,6 @@ SIGNATURES: dict[str, tuple[list, object]] = {
                                       _I32], c_int),           # window
     # sampling (cpu/sampling.c)
     "ember_kth_largest": ([_P, _I64, _I64, _I64, _P, _P], c_int),
+    "ember_argmax_rows": ([_P, _I64, _I64, _I64, _P], None),
     "ember_apply_token_bitmask": ([_P, _I64, _I64, _I64, _P, _I64, _P, _I64], c_int),
 }

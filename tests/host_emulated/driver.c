@@ -14,9 +14,10 @@
  *   3 rope:      int64 tokens, q heads, k heads, head_dim, cache rows, neox; q [tokens, q heads, D],
  *                k [tokens, k heads, D] float32, positions [tokens] int32, cos_sin [cache rows, D];
  *                writes the rotated q, then k (ember_rope)
- *   4 sampling:  int64 op (0 ember_kth_largest, 1 ember_apply_token_bitmask), rows, vocab, words;
- *                logits [rows, vocab] float32, then op 0: k [rows] int64, writes the k-th largest
- *                [rows]; op 1: mask [rows, words] int32 for logit rows 0..rows-1, writes the logits */
+ *   4 sampling:  int64 op (0 ember_kth_largest, 1 ember_apply_token_bitmask, 2 ember_argmax_rows), rows,
+ *                vocab, words; logits [rows, vocab] float32, then op 0: k [rows] int64, writes the k-th
+ *                largest [rows]; op 1: mask [rows, words] int32 for logit rows 0..rows-1, writes the
+ *                logits; op 2: writes each row's argmax [rows] as float32 */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,6 +110,14 @@ static int sampling_case(FILE *in, FILE *out, struct arrays *a) {
     const int64_t rows = h[1], vocab = h[2], words = h[3];
     float *x = read_array(in, a, 4 * rows * vocab);
     if (!x) return 0;
+    if (h[0] == 2) {
+        int32_t *ids = alloc_array(a, 4 * rows);
+        float *as_floats = alloc_array(a, 4 * rows);
+        if (!ids || !as_floats) return 0;
+        ember_argmax_rows(x, rows, vocab, vocab, ids);
+        for (int64_t r = 0; r < rows; r++) as_floats[r] = (float)ids[r];
+        return write_floats(out, as_floats, rows);
+    }
     if (h[0] == 0) {
         const int64_t *k = read_array(in, a, 8 * rows);
         float *kth = alloc_array(a, 4 * rows);
