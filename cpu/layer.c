@@ -43,6 +43,7 @@ typedef struct {              /* per step (ember_cupy/ops/layer.py: StepArgs) */
     const float *cos_sin;
     const float *local_cos_sin;   /* RoPE table of the windowed layers (Gemma 3's own base); NULL: cos_sin */
     int32_t activation;           /* ACT_SILU | ACT_GELU_TANH */
+    const uint8_t *prompt_rows;   /* [tokens]: 1 = a prompt token's row, its matmuls in bf16 (matmul_bf16_amx.h); NULL: none */
 } StepArgs;
 
 /* Statuses besides a kernel's own: matmul 10 + its code, attention 20 + its code. */
@@ -72,11 +73,22 @@ static void write_kv(const StepArgs *s, const LayerWeights *w, const float *qkv,
     }
 }
 
-/* y [T, N] = x [T, K] (rows ldx apart) @ W^T with the step's activation passes; 0, or 10 + the matmul's status. */
+/* y [T, N] = x [T, K] (rows ldx apart) @ W^T: each run of prompt rows in bf16, each run of the
+ * others with the step's activation passes (a row's role picks its kernel, never the batch it is
+ * in); 0, or 10 + the matmul's status. */
 static int matmul(const StepArgs *s, const float *x, int64_t K, int64_t ldx, const EmberWeightPart *w, int32_t parts,
                   int64_t N, float *y) {
-    const int status = ember_matmul_parts(x, s->tokens, K, ldx, w, parts, y, N, s->passes, s->second_pass_threshold);
-    return status ? 10 + status : 0;
+    for (int64_t start = 0, end; start < s->tokens; start = end) {
+        const int prompt = s->prompt_rows && s->prompt_rows[start];
+        for (end = start + 1; end < s->tokens && (s->prompt_rows && s->prompt_rows[end]) == prompt; end++) {}
+        const float *xs = x + start * ldx;
+        float *ys = y + start * N;
+        const int status = prompt ? ember_matmul_parts_bf16(xs, end - start, K, ldx, w, parts, ys, N)
+                                  : ember_matmul_parts(xs, end - start, K, ldx, w, parts, ys, N, s->passes,
+                                                       s->second_pass_threshold);
+        if (status) return 10 + status;
+    }
+    return 0;
 }
 
 /* What the kernels below do not check themselves: every new K/V row lands inside the pool, the

@@ -38,7 +38,7 @@
 #define HALF_BA 5
 #define HALF_AB 6
 #define HALF_BB 7
-enum tile_layout { WHOLE_BLOCKS = 1, HALF_BLOCKS = 2 };
+enum tile_layout { WHOLE_BLOCKS = 1, HALF_BLOCKS = 2, BF16_TILES = 3 };   /* BF16_TILES: matmul_bf16_amx.h */
 
 struct tile_config { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; };
 
@@ -80,6 +80,8 @@ static void configure_tiles(enum tile_layout layout) {
             set_tile(&config, set ? TILE_A1 : TILE_A0, AMX_ROWS, QK);
             set_tile(&config, set ? TILE_B1 : TILE_B0, QK / 4, 2 * ROWS * 4);
         }
+    } else if (layout == BF16_TILES) {      /* every tile 16 rows of 64 bytes */
+        for (int tile = 0; tile < 8; tile++) set_tile(&config, tile, 16, 64);
     } else {
         for (int c = HALF_C0A; c <= HALF_C1B; c++) set_tile(&config, c, AMX_ROWS, 2 * ROWS * 4);
         set_tile(&config, HALF_AA, AMX_ROWS, QK / 2);
@@ -99,34 +101,47 @@ static void configure_tiles(enum tile_layout layout) {
  * first half, then 16 of the second), so that the per-tile loop only scales. */
 struct pair_tiles { uint8_t *b; float *dw, *mw, *sc; };
 
+/* Block b of the pair (groups at ga and gb): its 8 rows V_j of tile values, dw and mw of the 16
+ * rows, and Q6_K's half scales as floats (sc[0] the first half's, sc[1] the second's). */
+static inline __attribute__((always_inline)) void pair_block(const uint8_t *ga, const uint8_t *gb, int32_t wtype,
+                                                             int64_t b, __m512i v[8], __m512 *dw, __m512 *mw,
+                                                             __m512 sc[2]) {
+    const int64_t rb = record_bytes(wtype);
+    const uint8_t *ra = ga + b * rb, *rc = gb + b * rb;
+    *mw = _mm512_setzero_ps();
+    if (is_unsigned_format(wtype)) {
+        decode_values16(body_of(ga, wtype, b), body_of(gb, wtype, b), FORMATS[wtype].high_bits, v);
+        const __m512i offset = _mm512_set1_epi8((char)FORMATS[wtype].offset);
+        for (int j = 0; j < 8; j++) v[j] = _mm512_sub_epi8(v[j], offset);
+        const uint8_t *rec_a = record_of(ga, wtype, b), *rec_b = record_of(gb, wtype, b);
+        const int bi = (int)(b % FORMATS[wtype].blocks);
+        __m512 d, m;
+        record_scales(rec_a, rec_b, wtype, &d, &m);
+        pair_scales(rec_a, rec_b, wtype, bi, d, m, dw, mw);
+        if (wtype == WTYPE_Q6_K) {
+            sc[0] = _mm512_cvtepi32_ps(i8x16_epi32(rec_a + 16 + 16 * bi, rec_b + 16 + 16 * bi));
+            sc[1] = _mm512_cvtepi32_ps(i8x16_epi32(rec_a + 24 + 16 * bi, rec_b + 24 + 16 * bi));
+        }
+    } else if (wtype == WTYPE_Q4_1) {
+        for (int c = 0; c < 4; c++) unpack_q4_chunk(ra, rc, c, v + 2 * c, v + 2 * c + 1);
+        *dw = load_f16x16(ra, rc);
+        *mw = load_f16x16(ra + 16, rc + 16);
+    } else {
+        for (int j = 0; j < 8; j++) v[j] = load_pair(ra + 16 + 32 * j, rc + 16 + 32 * j);
+        *dw = load_f16x16(ra, rc);
+    }
+}
+
 static void build_pair_tiles(const uint8_t *ga, const uint8_t *gb, int32_t wtype, int64_t nb,
                              const struct pair_tiles *t) {
-    const int64_t rb = record_bytes(wtype);
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *ra = ga + b * rb, *rc = gb + b * rb;
-        __m512i *tile = (__m512i *)(t->b + b * 512);
-        __m512 dw, mw = _mm512_setzero_ps();
-        if (is_unsigned_format(wtype)) {
-            __m512i v[8];
-            decode_values16(body_of(ga, wtype, b), body_of(gb, wtype, b), FORMATS[wtype].high_bits, v);
-            const __m512i offset = _mm512_set1_epi8((char)FORMATS[wtype].offset);
-            for (int j = 0; j < 8; j++) _mm512_store_si512(tile + j, _mm512_sub_epi8(v[j], offset));
-            const uint8_t *rec_a = record_of(ga, wtype, b), *rec_b = record_of(gb, wtype, b);
-            const int bi = (int)(b % FORMATS[wtype].blocks);
-            __m512 d, m;
-            record_scales(rec_a, rec_b, wtype, &d, &m);
-            pair_scales(rec_a, rec_b, wtype, bi, d, m, &dw, &mw);
-            if (wtype == WTYPE_Q6_K) {
-                _mm512_store_ps(t->sc + 32 * b, _mm512_cvtepi32_ps(i8x16_epi32(rec_a + 16 + 16 * bi, rec_b + 16 + 16 * bi)));
-                _mm512_store_ps(t->sc + 32 * b + 16, _mm512_cvtepi32_ps(i8x16_epi32(rec_a + 24 + 16 * bi, rec_b + 24 + 16 * bi)));
-            }
-        } else if (wtype == WTYPE_Q4_1) {
-            for (int c = 0; c < 4; c++) unpack_q4_chunk(ra, rc, c, tile + 2 * c, tile + 2 * c + 1);
-            dw = load_f16x16(ra, rc);
-            mw = load_f16x16(ra + 16, rc + 16);
-        } else {
-            for (int j = 0; j < 8; j++) _mm512_store_si512(tile + j, load_pair(ra + 16 + 32 * j, rc + 16 + 32 * j));
-            dw = load_f16x16(ra, rc);
+        __m512i v[8];
+        __m512 dw, mw, sc[2];
+        pair_block(ga, gb, wtype, b, v, &dw, &mw, sc);
+        for (int j = 0; j < 8; j++) _mm512_store_si512((__m512i *)(t->b + b * 512) + j, v[j]);
+        if (wtype == WTYPE_Q6_K) {
+            _mm512_store_ps(t->sc + 32 * b, sc[0]);
+            _mm512_store_ps(t->sc + 32 * b + 16, sc[1]);
         }
         _mm512_store_ps(t->dw + 16 * b, dw);
         _mm512_store_ps(t->mw + 16 * b, mw);

@@ -20,6 +20,9 @@ int ember_matmul_q(const float *x, int64_t M, int64_t K, int64_t ldx, const uint
 int ember_matmul_parts(const float *x, int64_t M, int64_t K, int64_t ldx, const EmberWeightPart *parts,
                        int32_t count, float *y, int64_t ldy, int32_t passes, float second_pass_threshold);
 
+int ember_matmul_parts_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, const EmberWeightPart *parts,
+                            int32_t count, float *y, int64_t ldy);
+
 int ember_matmul_16bit(const float *x, int64_t M, int64_t K, int64_t ldx, const uint16_t *w, int64_t N,
                        int32_t format, float *y, int64_t ldy);
 

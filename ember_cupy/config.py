@@ -121,6 +121,12 @@ class EngineConfig:
     # branch on x's blocks mispredicts), so a higher threshold there saves no time.
     activation_passes: int = 2
     second_pass_threshold: float = 0.0
+    # Prompt tokens' matmuls: auto = x and W in bf16 on AMX-BF16 tiles where the host kernels have
+    # them (sums over the whole row in float32, no per-block scaling: ~3x the int8 path's prefill
+    # on 1B K-quants, x kept to 8 bits rather than ~15), else as activation_passes says; int8 =
+    # as the generated tokens' (activation_passes), on every machine. A row's role, not the batch,
+    # picks the kernel, so outputs stay batch-invariant (cpu/matmul_bf16_amx.h).
+    prompt_activations: str = "auto"
     # Storage of the K/V pools: auto = float16 on the NumPy backend with host kernels (half the
     # bytes per block, and half what attention reads) unless quantization="none" (the exact fp32
     # reference), else the model dtype (ember_cupy/ops/cache.py: resolve_kv_cache_dtype).
@@ -166,6 +172,7 @@ class EngineConfig:
         require(self.dtype in DTYPES, f"EngineConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
         require(self.activation_passes in (1, 2), "EngineConfig.activation_passes must be 1 or 2")
         require(self.second_pass_threshold >= 0, "EngineConfig.second_pass_threshold must be >= 0")
+        require(self.prompt_activations in ("auto", "int8"), "EngineConfig.prompt_activations must be auto or int8")
         require(self.quantization in QUANTIZATIONS,
                 f"EngineConfig.quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         require(isinstance(self.weight_cache, str) and self.weight_cache.strip() != "",

@@ -58,7 +58,8 @@ def runtime_info(engine=None) -> dict:
     if engine is not None:
         runner = engine.runner
         info.update(quantization=runner.quantization, weight_bytes=runner.model.weight_bytes(),
-                    kv_cache_blocks=runner.num_blocks, peak_rss_bytes=peak_rss_bytes())
+                    kv_cache_blocks=runner.num_blocks, peak_rss_bytes=peak_rss_bytes(),
+                    prompt_activations="bf16" if getattr(runner.model, "prompt_rows_in_bf16", False) else "int8")
     info["determinism"] = determinism_info(engine)
     return info
 
@@ -73,5 +74,7 @@ def describe(engine=None) -> str:
                      else "host kernels off (NumPy twins)")
     if engine is not None:
         parts.append(f"weights {info['quantization']} {info['weight_bytes'] / 2**20:.1f} MiB")
+        if info["prompt_activations"] == "bf16":
+            parts.append("prompt rows on AMX-BF16 tiles")
         parts.append(f"peak RSS {info['peak_rss_bytes'] / 2**20:.0f} MiB")
     return ", ".join(parts)

@@ -121,7 +121,8 @@ class ModelRunner:
                                 consume=consume_checkpoint,
                                 activations=ActivationQuantization(config.activation_passes,
                                                                    config.second_pass_threshold),
-                                deterministic=config.deterministic, weight_cache=self.weight_cache)
+                                deterministic=config.deterministic, weight_cache=self.weight_cache,
+                                prompt_activations=config.prompt_activations)
         self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype, xp, self.quantization)
         self.block_bytes = kv_block_bytes(self.model_config, config.block_size, self.kv_dtype.itemsize)
         self.step_buffers = StepBuffers(xp) if xp is not np else None
@@ -224,6 +225,9 @@ class ModelRunner:
                      - np.repeat(query_start_loc[:-1], query_lens) + np.repeat(starts, query_lens))
         slot_mapping = (block_tables[row_seq, positions // block_size] * block_size
                         + positions % block_size).astype(np.int32)
+        # prompt tokens' rows (a recomputed sequence's generated tokens are not): ops/linear.py linear
+        prompt_lens = np.array([seq.num_prompt_tokens for seq, _ in scheduled], dtype=np.int32)
+        prompt_rows = positions < np.repeat(prompt_lens, query_lens)
         rows = self._logits_rows(scheduled, query_start_loc)
         prompt_indices = [r for _, _, seq_rows in rows.prompt for r in seq_rows]
         logits_indices = np.array(prompt_indices + rows.sampling_rows + rows.pooled_rows, dtype=np.int64)
@@ -235,7 +239,8 @@ class ModelRunner:
             return ids, BatchMetadata(**dict(zip(names, fields))), rows
         metadata = BatchMetadata(
             positions=positions, slot_mapping=slot_mapping, block_tables=block_tables,
-            context_lens=context_lens, query_start_loc=query_start_loc, logits_indices=logits_indices)
+            context_lens=context_lens, query_start_loc=query_start_loc, logits_indices=logits_indices,
+            prompt_rows=prompt_rows)
         return input_ids, metadata, rows
 
     @staticmethod

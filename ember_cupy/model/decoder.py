@@ -27,7 +27,7 @@ from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.weights import is_quantized, linear_weight, vocab_matrix
 from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops.layer import LayerStack, decoder_layers, fused_layer_computes, layer_args, step_args
-from ember_cupy.ops.linear import embedding, linear, matmul_q
+from ember_cupy.ops.linear import bf16_tiles_ready, embedding, linear, matmul_q
 from ember_cupy.half_weight import HalfWeight
 from ember_cupy.packed_weight import PackedWeight, StackedWeight
 from ember_cupy.quant import ActivationQuantization, DeviceQuantizedWeight, DeviceStack
@@ -47,6 +47,7 @@ class BatchMetadata:
     context_lens: object      # [S] int32, tokens in the cache after this step
     query_start_loc: object   # [S+1] int32, row offsets of each sequence in the batch
     logits_indices: object    # [N] int, rows whose next-token logits are needed
+    prompt_rows: object = None  # [T] bool, prompt tokens' rows (host: their matmuls in bf16), or None
 
 
 @dataclass
@@ -67,13 +68,16 @@ class LayerWeights:
 class DecoderModel:
     def __init__(self, checkpoint: Checkpoint, xp=np, dtype=np.float32, quantization: str = "none",
                  consume: bool = False, activations: ActivationQuantization = ActivationQuantization(passes=2),
-                 deterministic: bool = False, weight_cache=None):
+                 deterministic: bool = False, weight_cache=None, prompt_activations: str = "int8"):
         """quantization: serving format of the matrices (ember_cupy/model/weights.py); consume:
         drop each checkpoint tensor once converted, so that the weights are held once;
         activations: how a host-quantized matmul quantizes its input (quant.ActivationQuantization);
         deterministic: the device kernels' batch-invariant choices (EngineConfig.deterministic);
-        weight_cache: a WeightCache the host format of the matrices is mapped from or packed into."""
+        weight_cache: a WeightCache the host format of the matrices is mapped from or packed into;
+        prompt_activations: "auto" = prompt rows in bf16 where the host kernels have AMX-BF16 tiles
+        (EngineConfig.prompt_activations), "int8" = as every other row."""
         self.activations = activations
+        self.prompt_rows_in_bf16 = prompt_activations == "auto" and xp is np and bf16_tiles_ready()
         self.deterministic = deterministic
         self._fused_key, self._fused = None, None     # per-layer host-call arguments, per KV pool
         self.config: ModelConfig = checkpoint.config
@@ -172,7 +176,7 @@ class DecoderModel:
                 x, residual = ops.fused_add_rms_norm(hidden, residual, layer.attn_norm, cfg.rms_norm_eps)
             hidden = self._attention(x, index, layer, batch, k_cache, v_cache)
             x, residual = ops.fused_add_rms_norm(hidden, residual, layer.ffn_norm, cfg.rms_norm_eps)
-            hidden = self._mlp(x, layer)
+            hidden = self._mlp(x, layer, batch)
         return self._final_norm(hidden, residual, batch)
 
     def _forward_sandwich(self, hidden, batch: BatchMetadata, kv_caches):
@@ -181,9 +185,13 @@ class DecoderModel:
         for index, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             x = self._attention(ops.rms_norm(hidden, layer.attn_norm, eps), index, layer, batch, k_cache, v_cache)
             hidden = hidden + ops.rms_norm(x, layer.post_attn_norm, eps)
-            x = self._mlp(ops.rms_norm(hidden, layer.ffn_norm, eps), layer)
+            x = self._mlp(ops.rms_norm(hidden, layer.ffn_norm, eps), layer, batch)
             hidden = hidden + ops.rms_norm(x, layer.post_ffn_norm, eps)
         return self._final_norm(hidden, None, batch)
+
+    def _prompt_rows(self, batch: BatchMetadata):
+        """The rows whose matmuls run in bf16 (ops/linear.py linear), or None."""
+        return batch.prompt_rows if self.prompt_rows_in_bf16 else None
 
     def _final_norm(self, hidden, residual, batch: BatchMetadata):
         """The final norm of the logits_indices rows: of hidden + residual, or of hidden where it
@@ -194,10 +202,10 @@ class DecoderModel:
         x, _ = ops.fused_add_rms_norm(hidden[rows], residual[rows], self.norm, eps)
         return x
 
-    def _mlp(self, x, layer: LayerWeights):
-        gate_up = linear(x, layer.gate_up, self.activations, self.deterministic)
+    def _mlp(self, x, layer: LayerWeights, batch: BatchMetadata):
+        gate_up = linear(x, layer.gate_up, self.activations, self.deterministic, self._prompt_rows(batch))
         activated = ops.silu_and_mul(gate_up) if self.config.hidden_act == "silu" else ops.gelu_tanh_and_mul(gate_up)
-        return linear(activated, layer.down, self.activations, self.deterministic)
+        return linear(activated, layer.down, self.activations, self.deterministic, self._prompt_rows(batch))
 
     # --- one host-kernel call for all layers (ops/layer.py); the loop above is its twin ------
     fuse_layers = True      # tools/profile_step.py turns it off to time the ops one by one
@@ -223,7 +231,7 @@ class DecoderModel:
         hidden = np.ascontiguousarray(hidden, dtype=np.float32)
         residual = None if cfg.sandwich_norms else np.empty_like(hidden)
         step, keep = step_args(cfg, batch, hidden.shape[0], kv_caches[0][0], self.rope.table,
-                               self.local_rope.table, self.scale, self.activations)
+                               self.local_rope.table, self.scale, self.activations, self._prompt_rows(batch))
         decoder_layers(library, stack, step, hidden, residual)
         del keep
         return self._final_norm(hidden, residual, batch)
@@ -266,7 +274,7 @@ class DecoderModel:
 
     def _attention(self, x, index: int, layer: LayerWeights, batch: BatchMetadata, k_cache, v_cache):
         cfg = self.config
-        qkv = linear(x, layer.qkv, self.activations, self.deterministic)
+        qkv = linear(x, layer.qkv, self.activations, self.deterministic, self._prompt_rows(batch))
         if layer.qkv_bias is not None:
             qkv += layer.qkv_bias
         num_tokens = x.shape[0]
@@ -281,7 +289,8 @@ class DecoderModel:
         ops.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         out = ops.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.context_lens,
                                   batch.query_start_loc, self.scale, window, self.deterministic)
-        return linear(out.reshape(num_tokens, cfg.q_size), layer.o, self.activations, self.deterministic)
+        return linear(out.reshape(num_tokens, cfg.q_size), layer.o, self.activations, self.deterministic,
+                      self._prompt_rows(batch))
 
     def _head_norm(self, x, weight):
         """RMSNorm over each head of x [T, H, D] (a new contiguous array)."""

@@ -18,7 +18,7 @@ logger = logging.getLogger("ember_cupy.host")
 
 _AVX512_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c")
 ISA_FLAGS = {
-    "avx512amx": (*_AVX512_FLAGS, "-mamx-tile", "-mamx-int8"),
+    "avx512amx": (*_AVX512_FLAGS, "-mamx-tile", "-mamx-int8", "-mamx-bf16", "-mavx512bf16"),
     "avx512vnni": _AVX512_FLAGS,
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
     # aarch64 always has NEON, so its paths are asked for by name: "portable" stays plain C there

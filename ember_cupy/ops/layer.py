@@ -34,7 +34,8 @@ class StepArgs(ctypes.Structure):
                 ("block_size", _I32), ("num_seqs", _I32), ("max_blocks", _I32), ("num_blocks", _I64),
                 ("table_stride", _I64), ("eps", _F), ("scale", _F), ("second_pass_threshold", _F),
                 ("positions", _P), ("slot_mapping", _P), ("block_tables", _P), ("context_lens", _P),
-                ("query_start_loc", _P), ("cos_sin", _P), ("local_cos_sin", _P), ("activation", _I32)]
+                ("query_start_loc", _P), ("cos_sin", _P), ("local_cos_sin", _P), ("activation", _I32),
+                ("prompt_rows", _P)]
 
 
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}   # ModelConfig.hidden_act -> cpu/layer.c's ACT_*
@@ -86,9 +87,11 @@ def _address(array) -> int | None:
 
 
 def step_args(config, batch, num_tokens: int, k_cache: np.ndarray, cos_sin: np.ndarray,
-              local_cos_sin: np.ndarray, scale: float, activations: ActivationQuantization) -> tuple[StepArgs, list]:
+              local_cos_sin: np.ndarray, scale: float, activations: ActivationQuantization,
+              prompt_rows=None) -> tuple[StepArgs, list]:
     """The per-step arguments, and the arrays they point into (keep them alive for the call).
-    local_cos_sin: the RoPE table of the windowed layers (may be cos_sin itself)."""
+    local_cos_sin: the RoPE table of the windowed layers (may be cos_sin itself); prompt_rows:
+    [T] bools, the rows the matmuls take in bf16 (ops/linear.py linear), or None."""
     keep = [np.ascontiguousarray(a, dtype=np.int32) for a in
             (batch.positions, batch.slot_mapping, batch.block_tables, batch.context_lens, batch.query_start_loc)]
     positions, slots, tables, lens, starts = keep
@@ -101,6 +104,12 @@ def step_args(config, batch, num_tokens: int, k_cache: np.ndarray, cos_sin: np.n
         activations.second_pass_threshold,
         positions.ctypes.data, slots.ctypes.data, tables.ctypes.data, lens.ctypes.data,
         starts.ctypes.data, cos_sin.ctypes.data, local_cos_sin.ctypes.data, ACTIVATIONS[config.hidden_act])
+    if prompt_rows is not None:
+        roles = np.ascontiguousarray(prompt_rows, dtype=np.uint8)
+        if roles.shape != (num_tokens,):
+            raise ValueError("decoder_layer: prompt_rows must hold one role a row")
+        args.prompt_rows = roles.ctypes.data
+        keep.append(roles)
     return args, keep
 
 

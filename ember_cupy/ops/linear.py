@@ -54,12 +54,28 @@ def weight_parts(weight: PackedWeight | StackedWeight | HalfWeight) -> ctypes.Ar
 HOST_WEIGHTS = (PackedWeight, StackedWeight, HalfWeight, DequantizedWeight)   # what matmul_q takes on the host
 
 
-def linear(x, weight, activations: ActivationQuantization = ONE_PASS, deterministic: bool = False):
+def linear(x, weight, activations: ActivationQuantization = ONE_PASS, deterministic: bool = False,
+           prompt_rows=None):
     """x [T, in] -> [T, out]; `activations`: how x is quantized for a host-quantized weight;
-    `deterministic`: a device-quantized weight's rows computed alike whatever T (matmul_q_cuda)."""
+    `deterministic`: a device-quantized weight's rows computed alike whatever T (matmul_q_cuda);
+    `prompt_rows` ([T] bools, or None): the rows a host-packed weight multiplies in bf16
+    (matmul_q_bf16), the others as `activations` says: a row's role picks its kernel, not T."""
+    if prompt_rows is not None and isinstance(weight, (PackedWeight, StackedWeight, HalfWeight)):
+        return _matmul_by_role(x, weight, activations, np.asarray(prompt_rows, dtype=bool))
     if isinstance(weight, HOST_WEIGHTS + (DeviceQuantizedWeight, DeviceStack)):
         return matmul_q(x, weight, activations=activations, deterministic=deterministic)
     return float_matmul(x, weight)
+
+
+def _matmul_by_role(x, weight, activations: ActivationQuantization, prompt_rows: np.ndarray) -> np.ndarray:
+    """Each run of prompt rows through matmul_q_bf16, each run of the others through matmul_q (as
+    cpu/layer.c splits a step's rows)."""
+    out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)
+    edges = np.flatnonzero(np.diff(prompt_rows.astype(np.int8))) + 1
+    for start, stop in zip([0, *edges], [*edges, len(prompt_rows)]):
+        rows = x[start:stop]
+        out[start:stop] = matmul_q_bf16(rows, weight) if prompt_rows[start] else matmul_q(rows, weight, activations=activations)
+    return out
 
 
 # Inner-dimension slice of a float GEMM on NumPy (float_matmul): within one of OpenBLAS's K blocks
@@ -145,6 +161,55 @@ def matmul_q_numpy(x: np.ndarray, weight: PackedWeight | StackedWeight | HalfWei
                                matmul_q_numpy(x, part, activations) for part in parts], axis=1)
     x = fake_quantize_activations(np.asarray(x, dtype=np.float32), activations)
     return float_matmul(x, np.ascontiguousarray(weight.dequantize().T)).astype(np.float32)
+
+
+def bf16_tiles_ready(library=None) -> bool:
+    """Whether this machine's host kernels run prompt rows on AMX-BF16 tiles (matmul_q_bf16)."""
+    library = library or _host.active()
+    function = getattr(library.lib, "ember_bf16_tiles_ready", None) if library is not None else None
+    return bool(function and function())
+
+
+def matmul_q_bf16(x: np.ndarray, weight: PackedWeight | StackedWeight | HalfWeight, library=None) -> np.ndarray:
+    """x [M, K] @ weight[N, K]^T -> [M, N] on AMX-BF16 tiles (cpu/matmul_bf16_amx.h): x and W
+    rounded to bf16, sums in float32 over the whole of K; a 16-bit part multiplies x as it is.
+    The engine's kernel for prompt rows where bf16_tiles_ready(); ValueError elsewhere."""
+    library = library or _host.active()
+    if not bf16_tiles_ready(library):
+        raise ValueError("matmul_q_bf16: this machine's host kernels have no AMX-BF16 tiles")
+    _check(x, weight)
+    if x.dtype != np.float32 or x.strides[-1] != 4:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    rows, cols = weight.shape
+    out = np.empty((x.shape[0], rows), dtype=np.float32)
+    parts = weight_parts(weight)
+    status = library.lib.ember_matmul_parts_bf16(x.ctypes.data, x.shape[0], cols, x.strides[0] // 4,
+                                                  ctypes.addressof(parts), len(parts), out.ctypes.data, rows)
+    if status:
+        raise RuntimeError(f"ember_matmul_parts_bf16 failed with status {status}")
+    return out
+
+
+def round_to_bf16(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bf16 as the kernel's VCVTNE2PS2BF16 rounds them: subnormal
+    floats as zero, nearest even on the bits, NaN kept quiet."""
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    bits = np.where(np.abs(a) < np.finfo(np.float32).tiny, np.copysign(np.float32(0), a), a).view(np.uint32)
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
+    rounded = np.where(np.isnan(a), (bits >> np.uint32(16)) | np.uint32(0x40), rounded)
+    return (rounded.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def matmul_q_bf16_numpy(x: np.ndarray, weight: PackedWeight | StackedWeight | HalfWeight) -> np.ndarray:
+    """The NumPy twin of matmul_q_bf16: bf16(x) @ bf16(W)^T summed in float64, W as the twin
+    dequantizes it. Equal to the kernel within float32 summation (the tiles round their sums as
+    the hardware does)."""
+    _check(x, weight)
+    x = np.asarray(x, dtype=np.float32)
+    outputs = [matmul_16bit_numpy(x, part) if isinstance(part, HalfWeight) else
+               (round_to_bf16(x).astype(np.float64) @ round_to_bf16(part.dequantize()).astype(np.float64).T)
+               .astype(np.float32) for part in weight.parts]
+    return np.concatenate(outputs, axis=1)
 
 
 # --- weight-only CUDA path: cuda/matmul_q.cu and its NumPy twins ----------------------------
