@@ -81,6 +81,12 @@ class ModelConfig:
 # 32 tokens: embeddings 64 x 100 tokens 1.4-1.7x, 13.2-13.9 s; prompt logprobs 2.3-3.4x;
 # 64: 3.4x, 12.0 s; 4.1x; 128: 4.1x, 9.8 s; 7.9x. Shared steps of 32 cost the bulk ~35% here.
 CPU_MAX_NUM_PREFILL_TOKENS = 32
+# The same where prompt rows run on AMX-BF16 tiles (prompt_activations): 64 of their tokens cost
+# about what 32 int8 ones did (1B gate_up Q4_K: 16 decode rows + 64 prompt rows 7-9 ms, 48 int8
+# rows 12 ms). SmolLM2, this Xeon, attack_http.py embeddings / prompt logprobs, small-request p99
+# 0.100 / 0.136 s against int8 at 32 tokens' 0.092 / 0.119 s, the bulk 3 / 4 rounds in ~10.5 s
+# against 2 / 3; the 1B shape's c16 1.65-1.68x -> 2.12-2.17x llama-server's (BENCHMARKS.md).
+CPU_MAX_NUM_PREFILL_TOKENS_BF16 = 64
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     # Prompt tokens one step computes at most (chunks of long prompts, many prompts of one
     # request, short prompts): what bounds a step's time, which a newly arrived request waits
-    # for. None: CPU_MAX_NUM_PREFILL_TOKENS on the NumPy backend, else max_num_batched_tokens.
+    # for. None: CPU_MAX_NUM_PREFILL_TOKENS on the NumPy backend (..._BF16 where prompt rows run
+    # on AMX-BF16 tiles), else max_num_batched_tokens.
     max_num_prefill_tokens: int | None = None
     max_model_len: int | None = None      # None: the model's context length, capped by the pool
     block_size: int = 16

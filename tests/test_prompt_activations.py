@@ -49,3 +49,14 @@ def test_bf16_prompts_stay_close_to_int8_prompts(checkpoint):
 def test_prompt_activations_is_checked():
     with pytest.raises(ValueError, match="prompt_activations"):
         EngineConfig(prompt_activations="fp8")
+
+
+def test_the_cpu_prefill_budget_doubles_where_prompt_rows_take_the_tiles(checkpoint):
+    """A server's prompt tokens per shared step (EngineConfig.max_num_prefill_tokens=None): 64 of
+    them on the tiles cost about what 32 int8 ones did."""
+    from ember_cupy.config import CPU_MAX_NUM_PREFILL_TOKENS, CPU_MAX_NUM_PREFILL_TOKENS_BF16
+    from ember_cupy.engine.llm_engine import LLMEngine
+    budget = {mode: LLMEngine(checkpoint, EngineConfig(prompt_activations=mode)).config.max_num_prefill_tokens
+              for mode in ("auto", "int8")}
+    assert budget == {"auto": CPU_MAX_NUM_PREFILL_TOKENS_BF16 if bf16_tiles_ready() else CPU_MAX_NUM_PREFILL_TOKENS,
+                      "int8": CPU_MAX_NUM_PREFILL_TOKENS}

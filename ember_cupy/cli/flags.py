@@ -6,7 +6,7 @@ import argparse
 
 from ember_cupy.cli.flag_values import add_flag, parse_size
 from ember_cupy.cli.serve_flags import server_flags
-from ember_cupy.config import CPU_MAX_NUM_PREFILL_TOKENS, DTYPES, KV_CACHE_DTYPES, POLICIES, QUANTIZATIONS, EngineConfig
+from ember_cupy.config import CPU_MAX_NUM_PREFILL_TOKENS, CPU_MAX_NUM_PREFILL_TOKENS_BF16, DTYPES, KV_CACHE_DTYPES, POLICIES, QUANTIZATIONS, EngineConfig
 from ember_cupy.version import __version__
 
 
@@ -18,6 +18,7 @@ def engine_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--max-num-prefill-tokens", type=int, default=None,
              help=f"prompt tokens per step, which bound a step's time and so the wait of a request that "
                   f"arrives during a long prefill (default: {CPU_MAX_NUM_PREFILL_TOKENS} on the CPU, "
+                  f"{CPU_MAX_NUM_PREFILL_TOKENS_BF16} where prompt rows run on AMX-BF16 tiles, "
                   f"--max-num-batched-tokens on CUDA)")
     add_flag(g, "--max-model-len", type=int, default=None, help="context length (default: the model's, capped by the KV pool)")
     add_flag(g, "--block-size", type=int, default=16, help="tokens per KV-cache block")

@@ -10,7 +10,7 @@ import numpy as np
 
 from ember_cupy.backend import get_xp, keep_freed_memory_mapped, release_freed_heap, to_numpy
 from ember_cupy.chat_template import read_chat_template
-from ember_cupy.config import CPU_MAX_NUM_PREFILL_TOKENS, EngineConfig
+from ember_cupy.config import CPU_MAX_NUM_PREFILL_TOKENS, CPU_MAX_NUM_PREFILL_TOKENS_BF16, EngineConfig
 from ember_cupy.engine.block_manager import BlockManager
 from ember_cupy.engine.draft_proposer import DraftModelProposer
 from ember_cupy.engine.model_runner import ModelRunner, PoolShare
@@ -28,6 +28,7 @@ from ember_cupy.engine_client import SchedulerStats
 from ember_cupy.generation_config import sampling_defaults
 from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.loader import load_checkpoint
+from ember_cupy.ops.linear import bf16_tiles_ready
 from ember_cupy.sampling_params import SamplingParams
 from ember_cupy.speculative_config import SpeculativeConfig
 from ember_cupy.structured.bitmask import grammar_bitmasks
@@ -47,7 +48,9 @@ def resolve_prefill_budget(config: EngineConfig, xp) -> EngineConfig:
     max_num_batched_tokens is fast, and small ones would waste it."""
     if config.max_num_prefill_tokens is not None or xp is not np:
         return config
-    return dataclasses.replace(config, max_num_prefill_tokens=CPU_MAX_NUM_PREFILL_TOKENS)
+    bf16 = config.prompt_activations == "auto" and bf16_tiles_ready()
+    return dataclasses.replace(config, max_num_prefill_tokens=CPU_MAX_NUM_PREFILL_TOKENS_BF16 if bf16
+                               else CPU_MAX_NUM_PREFILL_TOKENS)
 
 
 class LLMEngine:
