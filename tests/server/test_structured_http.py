@@ -135,7 +135,7 @@ def test_forced_tool_calls(base_url, choice):
 
 def test_streamed_tool_call(base_url):
     status, _, raw = http(base_url, "POST", "/v1/chat/completions", {
-        "model": MODEL, "messages": ASK_WEATHER, "max_tokens": 64, "stream": True,
+        "model": MODEL, "messages": ASK_WEATHER, "max_tokens": 64, "stream": True, "temperature": 0,
         "tools": [WEATHER_TOOL], "tool_choice": "required"})
     assert status == 200
     chunks = [c for c in sse_chunks(raw) if c["choices"]]
