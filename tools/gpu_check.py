@@ -39,9 +39,9 @@ import gpu_payload  # noqa: E402
 
 # max |logit - reference| at the reference's top-64 tokens of each prompt's first position. The
 # float32 bound allows for summation order (cuBLAS vs OpenBLAS); the 16-bit ones are ~3-4x what the
-# stand-in dry run measured with NumPy's 16-bit GEMMs on the 12-layer cut of then (float16 0.026,
-# bfloat16 0.24, prompt 0; the cut has 10 layers now): cuBLAS accumulates in fp32 (ModelRunner sets
-# it) so the device should do better.
+# stand-in dry run measured with NumPy's 16-bit GEMMs on the 12-layer cut used until 2026-12-07
+# (float16 0.026, bfloat16 0.24, prompt 0; 10 layers since): cuBLAS accumulates in fp32 (ModelRunner
+# sets it) so the device should do better.
 LOGIT_TOLERANCE = {"float32": 2e-3, "float16": 0.1, "bfloat16": 0.75}
 DECODE_BATCHES, DECODE_CONTEXT, DECODE_ITERATIONS = (1, 16, 64), 512, 20
 
