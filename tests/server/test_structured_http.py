@@ -147,6 +147,28 @@ def test_streamed_tool_call(base_url):
     assert not any(c["choices"][0]["delta"].get("content") for c in chunks)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_array_cut_by_max_tokens_is_content_with_finish_reason_length(base_url, stream):
+    """No call goes out whose arguments are unfinished: the cut array's text is the content."""
+    status, _, raw = http(base_url, "POST", "/v1/chat/completions", {
+        "model": MODEL, "messages": ASK_WEATHER, "max_tokens": 6, "stream": stream, "temperature": 0,
+        "tools": [WEATHER_TOOL], "tool_choice": "required"})
+    assert status == 200
+    if stream:
+        chunks = [c for c in sse_chunks(raw) if c["choices"]]
+        assert not any(c["choices"][0]["delta"].get("tool_calls") for c in chunks)
+        content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+        finish_reason = chunks[-1]["choices"][0]["finish_reason"]
+    else:
+        choice = json.loads(raw)["choices"][0]
+        assert "tool_calls" not in choice["message"]
+        content, finish_reason = choice["message"]["content"], choice["finish_reason"]
+    assert finish_reason == "length"
+    assert content.startswith('[{"name"'), content
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(content)
+
+
 def test_auto_chit_chat_is_text_and_tool_results_round_trip(base_url):
     status, body = chat(base_url, messages=[{"role": "user", "content": "Hi! How are you?"}],
                         tools=[WEATHER_TOOL], tool_choice="auto", max_tokens=24)
