@@ -45,11 +45,11 @@ static inline int is_unsigned_format(int32_t wtype) { return wtype >= WTYPE_Q4_K
 static inline int is_k_quant(int32_t wtype) { return wtype == WTYPE_Q4_K || wtype == WTYPE_Q5_K; }
 
 /* Block b of a group: its record and its body (high bits, nibbles). */
-static inline const uint8_t *record_of(const uint8_t *group, int32_t wtype, int64_t b) {
+static inline __attribute__((always_inline)) const uint8_t *record_of(const uint8_t *group, int32_t wtype, int64_t b) {
     return group + (b / FORMATS[wtype].blocks) * record_bytes(wtype);
 }
 
-static inline const uint8_t *body_of(const uint8_t *group, int32_t wtype, int64_t b) {
+static inline __attribute__((always_inline)) const uint8_t *body_of(const uint8_t *group, int32_t wtype, int64_t b) {
     const struct wformat *f = &FORMATS[wtype];
     return record_of(group, wtype, b) + f->header_bytes + (b % f->blocks) * f->block_bytes;
 }
@@ -123,7 +123,7 @@ static void group_tile_formats_portable(const uint8_t *g, int32_t wtype, int64_t
 
 #if defined(__AVX2__)
 /* ---- 256-bit: one group of 8 rows ------------------------------------------------------ */
-static inline void decode_values8(const uint8_t *body, const int high_bits, __m256i v[8]) {
+static inline __attribute__((always_inline)) void decode_values8(const uint8_t *body, const int high_bits, __m256i v[8]) {
     const __m256i low = _mm256_set1_epi8(0x0f);
     const uint8_t *nib = body + 32 * high_bits;
     for (int c = 0; c < 4; c++) {
@@ -155,7 +155,7 @@ static inline void decode_values8(const uint8_t *body, const int high_bits, __m2
 
 /* sum over V_first..V_first+3 of V_j . x[4j..4j+3], per row (values up to 63: the 16-bit pair
  * sums of maddubs stay below 2 x 63 x 127 x 2) */
-static inline __m256i dot4_values8(const __m256i *v, const int8_t *xb, int first) {
+static inline __attribute__((always_inline)) __m256i dot4_values8(const __m256i *v, const int8_t *xb, int first) {
     __m256i sum = _mm256_setzero_si256();
     for (int j = first; j < first + 4; j += 2) {
 #if defined(DOT_ACC)
@@ -171,7 +171,7 @@ static inline __m256i dot4_values8(const __m256i *v, const int8_t *xb, int first
 }
 
 /* dot4_values8 of one int8 row, or (P = 2) of a row pair, combined */
-static inline __m256i dot4_rows8(const __m256i *v, const int8_t *xb, int64_t K, int first, const int P) {
+static inline __attribute__((always_inline)) __m256i dot4_rows8(const __m256i *v, const int8_t *xb, int64_t K, int first, const int P) {
     const __m256i sum = dot4_values8(v, xb, first);
     return P == 2 ? split_combine8(sum, dot4_values8(v, xb + K, first)) : sum;
 }
@@ -235,7 +235,7 @@ static inline __attribute__((always_inline)) void group_tile_formats(
 
 #if defined(PAIRED_GROUPS)
 /* ---- 512-bit: two groups (16 rows), lanes 0-7 the first ------------------------------- */
-static inline void decode_values16(const uint8_t *ba, const uint8_t *bb, const int high_bits, __m512i v[8]) {
+static inline __attribute__((always_inline)) void decode_values16(const uint8_t *ba, const uint8_t *bb, const int high_bits, __m512i v[8]) {
     const __m512i low = _mm512_set1_epi8(0x0f);
     for (int c = 0; c < 4; c++) {
         const __m512i n = load_pair(ba + 32 * high_bits + 32 * c, bb + 32 * high_bits + 32 * c);
@@ -264,13 +264,13 @@ static inline void decode_values16(const uint8_t *ba, const uint8_t *bb, const i
     }
 }
 
-static inline __m512i dot4_values16(const __m512i *v, const int8_t *xb, int first) {
+static inline __attribute__((always_inline)) __m512i dot4_values16(const __m512i *v, const int8_t *xb, int first) {
     __m512i sum = _mm512_setzero_si512();
     for (int j = first; j < first + 4; j++) sum = _mm512_dpbusd_epi32(sum, v[j], bcast4x16(xb + 4 * j));
     return sum;
 }
 
-static inline __m512i dot4_rows16(const __m512i *v, const int8_t *xb, int64_t K, int first, const int P) {
+static inline __attribute__((always_inline)) __m512i dot4_rows16(const __m512i *v, const int8_t *xb, int64_t K, int first, const int P) {
     const __m512i sum = dot4_values16(v, xb, first);
     return P == 2 ? split_combine16(sum, dot4_values16(v, xb + K, first)) : sum;
 }

@@ -12,7 +12,7 @@
 #define EMBER_CPU_MATMUL_NEON_H
 
 #if !defined(__ARM_FEATURE_DOTPROD)
-static inline int8x16_t bcast4(const int8_t *p) {
+static inline __attribute__((always_inline)) int8x16_t bcast4(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return vreinterpretq_s8_s32(vdupq_n_s32(v));
@@ -20,25 +20,25 @@ static inline int8x16_t bcast4(const int8_t *p) {
 
 /* 8 bytes of w and x: their 4-byte halves' products, V_j's and V_j+1's added in 16 bits (at most
  * 2 x 128 x 127 < 2^15: x is within +-127, values within -128..127) */
-static inline int16x8_t products2(int8x8_t w0, int8x8_t x0, int8x8_t w1, int8x8_t x1) {
+static inline __attribute__((always_inline)) int16x8_t products2(int8x8_t w0, int8x8_t x0, int8x8_t w1, int8x8_t x1) {
     return vmlal_s8(vmull_s8(w0, x0), w1, x1);
 }
 #endif
 
 /* 8 f16 fields (the 8 rows) as rows 0-3 and 4-7 */
-static inline void load_f16x8(const uint8_t *p, float32x4_t f[2]) {
+static inline __attribute__((always_inline)) void load_f16x8(const uint8_t *p, float32x4_t f[2]) {
     const uint16x8_t h = vld1q_u16((const uint16_t *)p);
     f[0] = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h)));
     f[1] = vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(h)));
 }
 
-static inline void u8x8_f32(const uint8_t *p, float32x4_t f[2]) {
+static inline __attribute__((always_inline)) void u8x8_f32(const uint8_t *p, float32x4_t f[2]) {
     const uint16x8_t u = vmovl_u8(vld1_u8(p));
     f[0] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(u)));
     f[1] = vcvtq_f32_u32(vmovl_u16(vget_high_u16(u)));
 }
 
-static inline void i8x8_s32(const uint8_t *p, int32x4_t s[2]) {
+static inline __attribute__((always_inline)) void i8x8_s32(const uint8_t *p, int32x4_t s[2]) {
     const int16x8_t v = vmovl_s8(vld1_s8((const int8_t *)p));
     s[0] = vmovl_s16(vget_low_s16(v));
     s[1] = vmovl_s16(vget_high_s16(v));
@@ -46,7 +46,7 @@ static inline void i8x8_s32(const uint8_t *p, int32x4_t s[2]) {
 
 /* V_0..V_7 of a block body (Q8_0: its int8 values; else nibbles, then high bits as in
  * ember_cupy/packed_weight.py), v[j][h] rows 4h..4h+3 */
-static inline void decode_values(const uint8_t *body, const int32_t wtype, int8x16_t v[8][2]) {
+static inline __attribute__((always_inline)) void decode_values(const uint8_t *body, const int32_t wtype, int8x16_t v[8][2]) {
     if (wtype == WTYPE_Q8_0) {
         for (int j = 0; j < 8; j++)
             for (int h = 0; h < 2; h++) v[j][h] = vld1q_s8((const int8_t *)body + 32 * j + 16 * h);
@@ -79,7 +79,7 @@ static inline void decode_values(const uint8_t *body, const int32_t wtype, int8x
 
 /* sum over V_first..V_first+3 of V_j . x[4j..4j+3], per row */
 #if defined(__ARM_FEATURE_DOTPROD)
-static inline void dot4_values(int8x16_t v[8][2], const int8_t *xb, int first, int32x4_t sum[2]) {
+static inline __attribute__((always_inline)) void dot4_values(int8x16_t v[8][2], const int8_t *xb, int first, int32x4_t sum[2]) {
     const int8x16_t x = vld1q_s8(xb + 4 * first);    /* lane i: x[4(first+i)..], SDOT by element */
     for (int h = 0; h < 2; h++) {
         int32x4_t s = vdotq_laneq_s32(vdupq_n_s32(0), v[first][h], x, 0);
@@ -89,7 +89,7 @@ static inline void dot4_values(int8x16_t v[8][2], const int8_t *xb, int first, i
     }
 }
 #else
-static inline void dot4_values(int8x16_t v[8][2], const int8_t *xb, int first, int32x4_t sum[2]) {
+static inline __attribute__((always_inline)) void dot4_values(int8x16_t v[8][2], const int8_t *xb, int first, int32x4_t sum[2]) {
     for (int h = 0; h < 2; h++) {
         int32x4_t lo = vdupq_n_s32(0), hi = vdupq_n_s32(0);   /* lanes: rows 0, 0, 1, 1 / 2, 2, 3, 3 */
         for (int j = first; j < first + 4; j += 2) {
@@ -104,7 +104,7 @@ static inline void dot4_values(int8x16_t v[8][2], const int8_t *xb, int first, i
 #endif
 
 /* The block's float scales: dw (d, or d sc) and mw (m, or dmin mn; zero without) */
-static inline void block_scales(const uint8_t *rec, const int32_t wtype, int bi, float32x4_t dw[2], float32x4_t mw[2]) {
+static inline __attribute__((always_inline)) void block_scales(const uint8_t *rec, const int32_t wtype, int bi, float32x4_t dw[2], float32x4_t mw[2]) {
     load_f16x8(rec, dw);
     mw[0] = mw[1] = vdupq_n_f32(0.0f);
     if (is_k_quant(wtype)) {
@@ -123,7 +123,7 @@ static inline void block_scales(const uint8_t *rec, const int32_t wtype, int bi,
 
 #if defined(__ARM_FEATURE_MATMUL_INT8)
 /* V_2p and V_2p+1 as SMMLA's 2 x 8 operands: w[p][q] holds rows 2q and 2q+1 at k = 8p..8p+7 */
-static inline void values_by_row_pairs(int8x16_t v[8][2], int8x16_t w[4][4]) {
+static inline __attribute__((always_inline)) void values_by_row_pairs(int8x16_t v[8][2], int8x16_t w[4][4]) {
     for (int p = 0; p < 4; p++)
         for (int h = 0; h < 2; h++) {
             const int32x4_t a = vreinterpretq_s32_s8(v[2 * p][h]), c = vreinterpretq_s32_s8(v[2 * p + 1][h]);
@@ -134,7 +134,7 @@ static inline void values_by_row_pairs(int8x16_t v[8][2], int8x16_t w[4][4]) {
 
 /* sums over V_0..V_7 of V_j . x[4j..4j+3] for two rows of x at once, xa and xb: 16 SMMLA, each
  * 2 weight rows x 2 rows of x x 8 values of k */
-static inline void dot_values_pair(int8x16_t w[4][4], const int8_t *xa, const int8_t *xb, int32x4_t sum_a[2],
+static inline __attribute__((always_inline)) void dot_values_pair(int8x16_t w[4][4], const int8_t *xa, const int8_t *xb, int32x4_t sum_a[2],
                                    int32x4_t sum_b[2]) {
     int32x4_t acc[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
     for (int p = 0; p < 4; p += 2) {             /* x's 16 bytes of each row: k = 8p..8p+15 */
@@ -151,7 +151,7 @@ static inline void dot_values_pair(int8x16_t w[4][4], const int8_t *xa, const in
 
 /* A block's sum for the 8 rows from its exact dot sums over V_0..3 (lo) and V_4..7 (hi): values
  * less their offset, times x (Q6_K: its halves times their scales, each product made float) */
-static inline void block_sum(const int32x4_t lo[2], const int32x4_t hi[2], const uint8_t *rec,
+static inline __attribute__((always_inline)) void block_sum(const int32x4_t lo[2], const int32x4_t hi[2], const uint8_t *rec,
                              const int32_t wtype, int bi, int32_t xsum, int32_t xsum_lo, float32x4_t sum[2]) {
     if (wtype == WTYPE_Q6_K) {
         int32x4_t sc_lo[2], sc_hi[2];
@@ -172,14 +172,14 @@ static inline void block_sum(const int32x4_t lo[2], const int32x4_t hi[2], const
 }
 
 /* Two passes: a row pair's dot sums (of hi, and of lo where lo_sums is not NULL) combined in place */
-static inline void split_combine(int32x4_t sums[2], const int32x4_t *lo_sums) {
+static inline __attribute__((always_inline)) void split_combine(int32x4_t sums[2], const int32x4_t *lo_sums) {
     for (int h = 0; h < 2; h++)
         sums[h] = vmlaq_n_s32(lo_sums ? lo_sums[h] : vdupq_n_s32(0), sums[h], SPLIT_BASE);
 }
 
 /* Row r of x's block b (its dot sums lo, hi) into the row's accumulators: the portable path's
  * float steps, in its order */
-static inline void accumulate_row(float32x4_t acc[2], const int32x4_t lo[2], const int32x4_t hi[2],
+static inline __attribute__((always_inline)) void accumulate_row(float32x4_t acc[2], const int32x4_t lo[2], const int32x4_t hi[2],
                                   const uint8_t *rec, const int32_t wtype, int bi, const float32x4_t dw[2],
                                   const float32x4_t mw[2], float xd, float xs, int32_t xsum, int32_t xsum_lo) {
     float32x4_t sum[2];

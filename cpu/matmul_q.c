@@ -439,7 +439,7 @@ static void store_tile(float out[][ROWS], int R, int32_t P, int64_t n0, int64_t 
 struct quantized_x { const int8_t *q; const float *d, *s; const int32_t *sum, *sum_lo; int64_t K, nb;
                      const int8_t *q_tiles; };   /* two passes on AMX: q's row pairs as 256 hi + lo (matmul_amx.h) */
 
-static struct quantized_x x_from(const struct quantized_x *x, int64_t m) {
+static inline __attribute__((always_inline)) struct quantized_x x_from(const struct quantized_x *x, int64_t m) {
     struct quantized_x at = *x;
     at.q += m * x->K; at.d += m * x->nb; at.s += m * x->nb; at.sum += m * x->nb; at.sum_lo += m * x->nb;
     if (at.q_tiles) at.q_tiles += m * x->K;

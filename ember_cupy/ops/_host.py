@@ -147,7 +147,7 @@ def _build(isa: str) -> Path:
     target = _cache_dir() / host_build.library_name(isa, digest.hexdigest()[:20])
     if target.exists():
         return target
-    logger.warning("compiling the host kernels for %s with %s (once: cached in %s; ~10-30 s)", isa, cc, target.parent)
+    logger.warning("compiling the host kernels for %s with %s (once: cached in %s; ~10-60 s)", isa, cc, target.parent)
     try:
         return host_build.compile_library(cc, isa, HOST_SOURCE_DIR, target)
     except host_build.CompileError as error:
