@@ -5,7 +5,8 @@ dot4_values8, every helper of the NEON paths): each 32-column block then paid a 
 eight decoded vectors went through memory. A one-row Q5_K matmul ran at 21 GB/s from the caches
 against 58 GB/s inlined (tools/bench_matmul.py --shape llama-1b --formats Q5_K --rows 1). The
 helpers are marked always_inline; this holds the libraries to it, on the paths this machine
-builds and, where a cross compiler is installed, the aarch64 ones."""
+builds (AMX's too, where the CPU lacks it) and, where a cross compiler is installed, the
+aarch64 ones."""
 import shutil
 import subprocess
 from pathlib import Path
@@ -32,20 +33,36 @@ def local_functions(library: Path) -> set[str]:
             if len(line.split()) == 3 and line.split()[1] == "t"}
 
 
-@pytest.mark.parametrize("isa", [isa for isa in _host.supported_isas() if isa != "portable"])
-def test_native_libraries_inline_the_per_block_helpers(isa):
-    if _host.unavailable() is not None:
-        pytest.skip(f"no native host kernels: {_host.unavailable()}")
-    library = _host.load_library(isa).path
-    assert local_functions(library) & PER_BLOCK_HELPERS == set(), library
+def compiled_matmul(cc: str, isa: str, out_dir: Path) -> Path:
+    """cpu/matmul_q.c alone, compiled as the library compiles it for `isa` (an object file: the
+    helpers are local to it; ~15 s a path)."""
+    source_dir = _host.HOST_SOURCE_DIR
+    target = out_dir / f"matmul_q-{isa}.o"
+    subprocess.run([cc, *host_build.flags(isa), "-I", str(source_dir), "-c", str(source_dir / "matmul_q.c"),
+                    "-o", str(target)], check=True)
+    return target
+
+
+NATIVE_PATHS = [isa for isa in host_build.machine_isas() if isa != "portable"]
+
+
+@pytest.mark.parametrize("isa", NATIVE_PATHS)
+def test_this_architectures_paths_inline_the_per_block_helpers(isa, tmp_path):
+    """The library this machine loads for `isa`; a path its CPU lacks (AMX on a CPU without it) is
+    compiled here, as the package's prebuilt libraries are."""
+    if isa in _host.supported_isas():
+        if _host.unavailable() is not None:
+            pytest.skip(f"no native host kernels: {_host.unavailable()}")
+        built = _host.load_library(isa).path
+    else:
+        cc = _host.compiler()
+        if cc is None:
+            pytest.skip("no C compiler")
+        built = compiled_matmul(cc, isa, tmp_path)
+    assert local_functions(built) & PER_BLOCK_HELPERS == set(), built
 
 
 @pytest.mark.skipif(shutil.which(CROSS_CC) is None, reason=f"needs {CROSS_CC}")
 @pytest.mark.parametrize("isa", [isa for isa in host_build.machine_isas("aarch64") if isa != "portable"])
-def test_aarch64_matmul_inlines_the_per_block_helpers(isa, tmp_path):
-    """cpu/matmul_q.c alone, compiled as the aarch64 library compiles it (an object file: the
-    helpers are local to it)."""
-    source_dir = _host.HOST_SOURCE_DIR
-    subprocess.run([CROSS_CC, *host_build.flags(isa), "-I", str(source_dir), "-c", str(source_dir / "matmul_q.c"),
-                    "-o", str(tmp_path / "matmul_q.o")], check=True)
-    assert local_functions(tmp_path / "matmul_q.o") & PER_BLOCK_HELPERS == set(), isa
+def test_aarch64_paths_inline_the_per_block_helpers(isa, tmp_path):
+    assert local_functions(compiled_matmul(CROSS_CC, isa, tmp_path)) & PER_BLOCK_HELPERS == set(), isa
