@@ -284,6 +284,21 @@ def test_a_format_without_a_kernel_is_requantized_to_q8_0():
     assert np.abs(served.dequantize() - reference).max() <= np.abs(reference).max() / 127
 
 
+@pytest.mark.parametrize("cols", [4096, 4352])
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_a_lone_row_is_the_portable_path_bit_for_bit_on_short_and_long_rows(qtype, passes, cols):
+    """One row of x takes the weight groups one at a time up to K = 4096 and the 512-bit pairs
+    beyond (cpu/matmul_q.c, LONE_ROW_PAIRS_FROM_K): both give every other path's bits."""
+    rng = np.random.default_rng(cols)
+    weight = _weight(rng, qtype, 37, cols)
+    x = rng.standard_normal((1, cols)).astype(np.float32) * rng.uniform(0.1, 9, (1, cols)).astype(np.float32)
+    scheme = ActivationQuantization(passes, 0.5)
+    portable = matmul_q(x, weight, _host.load_library("portable"), scheme)
+    for isa in RUNNABLE:
+        np.testing.assert_array_equal(matmul_q(x, weight, _host.load_library(isa), scheme), portable, err_msg=isa)
+
+
 @pytest.mark.parametrize("rows", [1, 3, 5, 6, 11, 40])
 @pytest.mark.parametrize("passes", [1, 2])
 @pytest.mark.parametrize("qtype", FORMATS)
