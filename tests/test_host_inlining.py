@@ -29,8 +29,8 @@ pytestmark = pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm (bi
 def local_functions(library: Path) -> set[str]:
     """The library's local function symbols, without gcc's clone suffixes (.constprop.0, .isra.0)."""
     listing = subprocess.run(["nm", str(library)], capture_output=True, text=True, check=True).stdout
-    return {line.split()[2].split(".")[0] for line in listing.splitlines()
-            if len(line.split()) == 3 and line.split()[1] == "t"}
+    rows = (line.split() for line in listing.splitlines())
+    return {fields[2].split(".")[0] for fields in rows if len(fields) == 3 and fields[1] == "t"}
 
 
 def compiled_matmul(cc: str, isa: str, out_dir: Path) -> Path:
