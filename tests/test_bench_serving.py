@@ -503,6 +503,7 @@ STUB_SERVER = """
 import asyncio, json, sys
 from aiohttp import web
 port, fail_every = int(sys.argv[1]), int(sys.argv[2])
+arrivals = sys.argv[3] if len(sys.argv) > 3 else None   # a file each completion request appends its port to
 ballast = bytearray(30_000_000)                       # so that its RSS is visibly > an interpreter's
 seen = []
 
@@ -518,6 +519,9 @@ async def props(request):                            # llama-server's: the conte
 async def completions(request):
     body = await request.json()
     seen.append(body)
+    if arrivals:
+        with open(arrivals, "a") as log:
+            log.write(f"{port}\\n")
     if fail_every and len(seen) % fail_every == 0:
         print("srv  send_error: request (999 tokens) exceeds the available context size", flush=True)
         return web.json_response({"error": {"message": "exceeds the available context size"}}, status=400)
@@ -575,6 +579,37 @@ def test_run_workload_against_stub_server_processes(tmp_path, monkeypatch, capsy
     text = pb.render(results, [], "")
     assert "| ok / failed (all repeats) | 6 / 0 | 4 / 2 |" in text and "FAILED: llama.cpp-Q4_1, repeat 1: 2 x `HTTP 400" in text
     assert pb.failed_requests(results) == {"ember-cupy": 0, "llama.cpp-Q4_1": 2}
+
+
+def test_single_stream_servers_take_turns_request_by_request(tmp_path, monkeypatch):
+    """Both servers up at once, one request at a time, the order reversed every round (ABBA...),
+    for the decode and the prefill requests alike: a drift of the machine's speed falls on both."""
+    bv = _tool("bench_vs_llamacpp")
+    script, arrivals = tmp_path / "stub_server.py", tmp_path / "arrivals.txt"
+    script.write_text(STUB_SERVER)
+    names = {}
+
+    def stub_servers(peers, w, args, prompt_tokens=None):
+        out = []
+        for name in ("ember-cupy", "llama.cpp"):
+            port = bv.free_port()
+            names[str(port)] = name
+            out.append(bv.Server(name, [sys.executable, str(script), str(port), "0", str(arrivals)], {}, port,
+                                 tmp_path / f"{name}.log"))
+        return out
+
+    monkeypatch.setattr(bv, "make_servers", stub_servers)
+    args = _args(bv, "--idle-timeout", "0", "--rss-interval", "0.05", "--max-seconds", "30")
+    setup = (bv.Workload("c1", 1, 3, 4, 8, 3), bv.Workload("prefill-8", 1, 3, 8, 8, 1))
+    out = bv.single_stream({}, args, count=lambda text: 2 * len(text.split()), setup=setup)
+    order = [names[port] for port in arrivals.read_text().split()]
+    ember, llama = "ember-cupy", "llama.cpp"
+    assert order[:4] == [ember, ember, llama, llama]                # the warm-ups, server by server
+    assert order[4:] == [ember, llama, llama, ember, ember, llama] * 2
+    for name in (ember, llama):
+        assert out[name]["failed"] == 0 and out[name]["setup"]["alternated"]
+        assert out[name]["decode_tpot_ms"] > 0 and out[name]["prefill_tok_per_s"] > 0
+        assert out[name]["load_s"] > 0 and out[name]["rss"]["samples"] >= 2
 
 
 def test_report_section_is_replaced_not_duplicated(tmp_path):

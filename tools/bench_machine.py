@@ -104,7 +104,7 @@ class Server:
                         return self
             except OSError:
                 pass
-            time.sleep(0.1)
+            time.sleep(0.02)   # a load of ~0.5 s is measured to within 4%
         self.stop()
         raise RuntimeError(f"{self.name} not ready after {timeout:.0f}s; see {self.log}")
 

@@ -10,7 +10,8 @@
 and `all-synthetic` (every shape but tiny x Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q4_0). Rows per model:
 
   single      c1: TPOT p50 of 4 requests, 32-token prompts, 64 tokens out (ignore_eos), one at a
-              time; its % of the bandwidth floor = (weight bytes read per token / read bandwidth)
+              time, both servers up and taking turns request by request (a drift of the VM's
+              speed then falls on both); its % of the bandwidth floor = (weight bytes read per token / read bandwidth)
               / TPOT, with the bandwidth of a STREAM-like probe of this run (bench_machine.
               read_bandwidth, at the start and the end; the higher is used), once for the file's
               bytes (the same floor for both) and once for the bytes each engine serves (ember-cupy's

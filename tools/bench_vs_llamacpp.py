@@ -9,8 +9,9 @@
 Peers (--peers): llama-server on the shipped GGUF (q4_1, the default) and/or on an fp32 copy of it
 (f32, tools/llamacpp.py fp32). Per workload all servers are started (llama-server with -np =
 concurrency, -c = slots x per-slot context, continuous batching; 2 threads each), warmed up, then
-measured in turn, rotating the order every repeat; each measurement waits until /proc/stat shows the
-CPU otherwise idle and records what it saw. Each repeat uses its own seed (identical prompts for
+measured in turn, rotating the order every repeat (the single-stream rows: the servers take turns
+request by request); each measurement waits until /proc/stat shows the CPU otherwise idle and
+records what it saw. Each repeat uses its own seed (identical prompts for
 every server), so no server replays a previous repeat from its prefix cache.
 
 The per-slot context is sized from the real token counts of every prompt the workload will send
@@ -24,6 +25,7 @@ PNG plots.
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
 import math
@@ -200,10 +202,42 @@ def measure(server: Server, w: Workload, seed: int, args) -> tuple[dict, list]:
         results, duration = asyncio.run(bs.run_benchmark(
             server.url, payloads(model, w, seed), w.concurrency, w.request_rate,
             max_seconds=args.max_seconds, seed=seed))
-    summary = bs.summarize(results, duration) | idle | {"rss": rss.result()}
+    return report(server, bs.summarize(results, duration) | idle | {"rss": rss.result()}, seed, duration), results
+
+
+def measure_alternating(servers: list[Server], w: Workload, seed: int, args) -> dict[str, tuple[dict, list]]:
+    """One request at a time (w's concurrency is taken as 1), the servers taking turns request by
+    request and the order reversed every round, so that a drift of this machine's speed falls on
+    every server alike: on a shared VM the read bandwidth moves by 1.5x within seconds, more than
+    most differences measured (BENCHMARKS.md, issue 23, twentieth session). Sending stops after
+    the round that passes max_seconds x the number of servers. {server name: (summary, results)}."""
+    idle = wait_for_idle(args.idle_threshold, args.idle_timeout)
+    sent = {s.name: payloads(asyncio.run(bs.served_model(s.url)), w, seed) for s in servers}
+    results, durations = {s.name: [] for s in servers}, {s.name: 0.0 for s in servers}
+    samplers = {s.name: RssSampler(s.pid, args.rss_interval) for s in servers}
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        for sampler in samplers.values():
+            stack.enter_context(sampler)
+        for i in range(w.num_requests):
+            if time.monotonic() - started > args.max_seconds * len(servers):
+                break
+            for s in (servers if i % 2 == 0 else servers[::-1]):
+                done, duration = asyncio.run(bs.run_benchmark(s.url, sent[s.name][i:i + 1], 1, seed=seed))
+                results[s.name] += done
+                durations[s.name] += duration
+    return {s.name: (report(s, bs.summarize(results[s.name], durations[s.name]) | idle
+                            | {"rss": samplers[s.name].result(), "alternated": True}, seed, durations[s.name]),
+                     results[s.name]) for s in servers}
+
+
+def report(server: Server, summary: dict, seed: int, duration: float) -> dict:
+    """Print one measurement's line (and every failure with the server's log lines about it);
+    the summary, with those log lines where a request failed."""
+    idle = summary["idle"]
     print(f"  {server.name:<16} seed {seed}: {summary['completed']} ok {summary['failed']} failed, "
           f"{summary['output_tok_per_s']:.1f} out tok/s, TTFT p50 {plot_bench.fmt(summary['ttft_ms']['p50'])} ms, "
-          f"peak RSS {summary['rss']['peak_rss_mb']:.0f} MB (idle {idle['idle']:.2f}, {duration:.0f} s)",
+          f"peak RSS {summary['rss']['peak_rss_mb']:.0f} MB (idle {idle:.2f}, {duration:.0f} s)",
           flush=True)
     if summary["failed"]:
         summary["server_log"] = server.log_lines()
@@ -211,7 +245,7 @@ def measure(server: Server, w: Workload, seed: int, args) -> tuple[dict, list]:
             print(f"    FAILED {n}x: {err}", flush=True)
         for line in summary["server_log"]:
             print(f"    {server.name} log: {line}", flush=True)
-    return summary, results
+    return summary
 
 
 def warm_up(server: Server, w: Workload | None = None) -> None:
@@ -333,30 +367,38 @@ def server_info(server: Server) -> dict | None:
 
 def single_stream(peers: dict, args, count=None, setup: tuple[Workload, Workload] | None = None) -> dict:
     """Decode TPOT on 32-token prompts x 128 tokens, and prefill tok/s = prompt tokens / TTFT on
-    512-token prompts x 1 token, one request at a time (-np 1); medians over the requests.
-    `setup`: other (decode, prefill) workloads (tools/bench_models.py)."""
+    512-token prompts x 1 token, one request at a time (-np 1), the servers taking turns request
+    by request (measure_alternating); medians over the requests. `setup`: other (decode, prefill)
+    workloads (tools/bench_models.py). Each server starts while the ones before it are up and
+    idle (their load times are each its own start)."""
     decode, prefill = setup or single_stream_setup(args)
     n, plen = prefill.num_requests, prefill.prompt_max
     tokens = max(max_prompt_tokens(decode, [args.seed], count) or 0,
                  max_prompt_tokens(prefill, [args.seed + 1], count) or 0) or None
-    out = {}
-    for s in make_servers(peers, Workload("single", 1, 1, plen, plen, decode.max_tokens), args, tokens):
-        try:
+    servers = make_servers(peers, Workload("single", 1, 1, plen, plen, decode.max_tokens), args, tokens)
+    infos = {}
+    try:
+        for s in servers:
             s.start()
-            info = server_info(s)
+            infos[s.name] = server_info(s)
             warm_up(s)
-            dec, _ = measure(s, decode, args.seed, args)
-            pre, results = measure(s, prefill, args.seed + 1, args)
-        finally:
+        decoded = measure_alternating(servers, decode, args.seed, args)
+        prefilled = measure_alternating(servers, prefill, args.seed + 1, args)
+    finally:
+        for s in servers:
             s.stop()
+    out = {}
+    for s in servers:
+        (dec, _), (pre, results) = decoded[s.name], prefilled[s.name]
         rates = [r.prompt_tokens / r.ttft for r in results if r.ok and r.prompt_tokens and r.ttft]
         tpot = dec["tpot_ms"]["p50"]
         out[s.name] = {"decode_tpot_ms": tpot, "decode_tok_per_s": 1000 / tpot if tpot else None,
                        "prefill_tok_per_s": statistics.median(rates) if rates else None,
                        "prefill_ttft_ms": pre["ttft_ms"]["p50"], "command": s.command(),
-                       "load_s": s.load_s, "server_info": info,
+                       "load_s": s.load_s, "server_info": infos[s.name],
                        "setup": {"requests": n, "decode_prompt": decode.prompt_max,
-                                 "decode_tokens": decode.max_tokens, "prefill_prompt": plen},
+                                 "decode_tokens": decode.max_tokens, "prefill_prompt": plen,
+                                 "alternated": True},
                        "idle": [dec["idle"], pre["idle"]], "failed": dec["failed"] + pre["failed"],
                        "error_counts": merge_failures("error_counts", [dec["error_counts"], pre["error_counts"]]),
                        "rss": max((dec["rss"], pre["rss"]), key=lambda r: r["peak_rss_mb"])}
