@@ -1,7 +1,10 @@
-"""Loading an engine from the command line: the progress bar and the dtype check before the load."""
+"""Loading an engine from the command line: the progress bar, the dtype check before the load,
+and a load started in the background."""
 from __future__ import annotations
 
+import concurrent.futures
 import sys
+import threading
 import time
 
 from ember_cupy.cli.flags import engine_config
@@ -45,3 +48,23 @@ def load_engine(args, model: str | None = None, progress: bool = True):
     check_dtype(args)
     bar = ProgressBar() if progress and not args.no_progress else None
     return LLMEngine(model or args.model, engine_config(args), progress=bar)
+
+
+class BackgroundLoad:
+    """load() run from now on a thread of its own, a daemon: a process that fails elsewhere
+    meanwhile (its address taken) exits without waiting for it. result() waits for the load and
+    returns what it returned, or raises what it raised."""
+
+    def __init__(self, load):
+        self._future: concurrent.futures.Future = concurrent.futures.Future()
+        threading.Thread(target=self._run, args=(load,), name="ember-load", daemon=True).start()
+
+    def _run(self, load) -> None:
+        try:
+            self._future.set_result(load())
+        except BaseException as exc:   # noqa: BLE001 (handed to whoever waits for the engine)
+            self._future.set_exception(exc)
+
+    def result(self):
+        return self._future.result()
+

@@ -7,7 +7,7 @@ import logging
 import os
 
 from ember_cupy.cli.flags import engine_config
-from ember_cupy.cli.loading import check_dtype, load_engine
+from ember_cupy.cli.loading import BackgroundLoad, check_dtype, load_engine
 from ember_cupy.cli.vllm_flags import check_generation_config, check_vllm_flags
 
 
@@ -24,7 +24,7 @@ def check_serve_args(args) -> None:
     """Everything that would fail only after the server is up fails here, as one line: the
     model's path, the port, the dtype, the engine flags, an address already in use."""
     from ember_cupy.model.loader import resolve_model_path
-    from ember_cupy.server.launcher import check_can_listen
+    from ember_cupy.server.listen_address import check_can_listen
     if args.model_tag is not None:
         args.model = args.model_tag
     if not 0 <= args.port <= 65535:
@@ -73,21 +73,34 @@ def server_settings(args, served_model_names: list[str] | None = None):
 
 
 def cmd_serve(args) -> int:
-    from ember_cupy.server import serve
     check_serve_args(args)   # before logging is set up and before the socket opens
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ember_cupy.ray_serve import cli as ray_cli
+    if args.models_dir is None and not ray_cli.uses_ray(args):
+        return _serve_one_model(args)
+    from ember_cupy.server import serve
     settings = server_settings(args)
     if args.models_dir is not None:
         return asyncio.run(serve(None, settings, app=_router_app(args, settings)))
-    from ember_cupy.ray_serve import cli as ray_cli
-    if ray_cli.uses_ray(args):   # --data-parallel-backend ray: replicas on Ray Serve
-        return ray_cli.run(args, engine_config(args), settings)
-    return asyncio.run(serve(_async_engine(args, settings.served_model_names[0]), settings))
+    return ray_cli.run(args, engine_config(args), settings)   # --data-parallel-backend ray: replicas on Ray Serve
 
 
-def _async_engine(args, name: str, model: str | None = None, progress: bool = True):
+def _serve_one_model(args) -> int:
+    """The model starts loading before the server's modules import (aiohttp and the protocol's
+    pydantic models, ~0.35 s of this 2-vCPU VM's start): a first start packs its weights in C,
+    without the GIL, meanwhile. The server's thread policy (a 0.5 ms GIL switch interval) is set
+    first: at CPython's 5 ms the load thread waited out the imports after each of its C calls."""
+    from ember_cupy.server.thread_policy import apply_server_thread_policy
+    apply_server_thread_policy()
+    loading = BackgroundLoad(lambda: load_engine(args))
+    from ember_cupy.server import serve
+    settings = server_settings(args)
+    return asyncio.run(serve(_async_engine(args, settings.served_model_names[0], factory=loading.result), settings))
+
+
+def _async_engine(args, name: str, model: str | None = None, progress: bool = True, factory=None):
     from ember_cupy.server import AsyncEngine, EngineMetrics
-    return AsyncEngine(factory=lambda: load_engine(args, model, progress), metrics=EngineMetrics(name),
+    return AsyncEngine(factory=factory or (lambda: load_engine(args, model, progress)), metrics=EngineMetrics(name),
                        max_waiting=args.max_waiting, stream_stall_timeout=args.stream_stall_timeout,
                        prepare_timeout=args.prepare_timeout)
 

@@ -1,11 +1,24 @@
-"""The OpenAI-compatible HTTP server (aiohttp) and the asyncio engine loop behind it."""
-from ember_cupy.server.api import ServerSettings, build_app
-from ember_cupy.server.async_engine import (AsyncEngine, EngineDeadError, EngineNotReadyError,
-                                            EngineOverloadedError, EngineState)
-from ember_cupy.server.launcher import BackgroundServer, Server, serve
-from ember_cupy.server.metrics import EngineMetrics
-from ember_cupy.server.request_stream import RequestStream
+"""The OpenAI-compatible HTTP server (aiohttp) and the asyncio engine loop behind it.
 
-__all__ = ["AsyncEngine", "BackgroundServer", "EngineDeadError", "EngineMetrics", "EngineNotReadyError",
-           "EngineOverloadedError", "EngineState", "RequestStream", "Server", "ServerSettings", "build_app",
-           "serve"]
+The names below are imported on first use (PEP 562), so that importing one light module of the
+package (thread_policy) does not import aiohttp and the protocol's pydantic models (~0.35 s):
+`serve` loads the model while they import (ember_cupy/cli/serve.py)."""
+from __future__ import annotations
+
+import importlib
+
+_HOMES = {"ServerSettings": "api", "build_app": "api", "AsyncEngine": "async_engine",
+          "EngineDeadError": "async_engine", "EngineNotReadyError": "async_engine",
+          "EngineOverloadedError": "async_engine", "EngineState": "async_engine",
+          "BackgroundServer": "launcher", "Server": "launcher", "serve": "launcher",
+          "EngineMetrics": "metrics", "RequestStream": "request_stream"}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value

@@ -5,41 +5,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 import threading
 
 from aiohttp import web
 
+from ember_cupy.server.listen_address import ListenError, check_can_listen, listen_error  # noqa: F401 (re-exported)
 from ember_cupy.server.api import START_TASK_KEY, ServerSettings, build_app, wait_engine_started
 from ember_cupy.server.async_engine import AsyncEngine, EngineState
 from ember_cupy.server.http_handler import AppRunner
 from ember_cupy.server.thread_policy import apply_server_thread_policy
 
 log = logging.getLogger("ember_cupy.server")
-
-
-class ListenError(ValueError):
-    """The server cannot take its address (in use, not this host's, not permitted)."""
-
-
-def _listen_error(host: str, port: int, exc: OSError) -> ListenError:
-    return ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
-
-
-def check_can_listen(host: str, port: int) -> None:
-    """Bind (host, port) as the server will (SO_REUSEADDR) and let go: a busy port fails here,
-    before the model loads. The server's own bind can still lose a race; serve() reports that too."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise _listen_error(host, port, exc) from None
-    for family, kind, proto, _, address in infos:
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(address)
-            except OSError as exc:
-                raise _listen_error(host, port, exc) from None
 
 
 class Server:
@@ -92,7 +68,7 @@ async def serve(engine: AsyncEngine | None, settings: ServerSettings, on_listeni
         await server.start()
     except OSError as exc:
         await server.stop(drain_timeout=0)
-        raise _listen_error(settings.host, settings.port, exc) from None
+        raise listen_error(settings.host, settings.port, exc) from None
     log.info("listening on http://%s:%d", settings.host, server.port)
     if on_listening:
         on_listening(server)
