@@ -5,6 +5,7 @@ bytes as a view of one read-only memmap."""
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 from dataclasses import dataclass
 
@@ -26,28 +27,41 @@ class TensorInfo:
     data: np.ndarray            # uint8 view of the tensor's bytes in the file
 
 
+class CutShort(Exception):
+    """A read past the end of the file's bytes."""
+
+
 class _Cursor:
     def __init__(self, buffer):
         self.buffer, self.offset = buffer, 0
 
+    def _take(self, length: int) -> int:
+        """The offset of the next `length` bytes, which must lie inside the buffer."""
+        start = self.offset
+        if length < 0 or start + length > len(self.buffer):
+            raise CutShort
+        self.offset = start + length
+        return start
+
     def unpack(self, fmt: str):
-        value = struct.unpack_from(fmt, self.buffer, self.offset)[0]
-        self.offset += struct.calcsize(fmt)
-        return value
+        return struct.unpack_from(fmt, self.buffer, self._take(struct.calcsize(fmt)))[0]
 
     def string(self) -> str:
         length = self.unpack("<Q")
-        start = self.offset
-        self.offset += length
+        start = self._take(length)
         return bytes(self.buffer[start:self.offset]).decode("utf-8", errors="replace")
 
     def strings(self, count: int) -> list[str]:
         """`count` strings in a row (a vocabulary): one loop with no call per string."""
         buffer, offset, out = self.buffer, self.offset, []
-        length_at, append = _LENGTH.unpack_from, out.append
+        length_at, append, end = _LENGTH.unpack_from, out.append, len(self.buffer)
         for _ in range(count):
+            if offset + 8 > end:
+                raise CutShort
             length = length_at(buffer, offset)[0]
             offset += 8
+            if offset + length > end:
+                raise CutShort
             append(str(buffer[offset:offset + length], "utf-8", "replace"))
             offset += length
         self.offset = offset
@@ -60,9 +74,8 @@ class _Cursor:
             item, count = self.unpack("<I"), self.unpack("<Q")
             if item in _NUMPY:           # numbers: one view, converted to a list as gguf does
                 dtype = np.dtype(_NUMPY[item]).newbyteorder("<")
-                values = np.frombuffer(self.buffer, dtype, count, self.offset)
-                self.offset += values.nbytes
-                return values.tolist()
+                start = self._take(count * dtype.itemsize)
+                return np.frombuffer(self.buffer, dtype, count, start).tolist()
             if item == _STRING:
                 return self.strings(count)
             return [self.value(item) for _ in range(count)]
@@ -75,14 +88,26 @@ class GGUFFile:
     """metadata: key -> decoded value; tensors: TensorInfo in file order."""
 
     def __init__(self, path: str):
-        from gguf import GGMLQuantizationType, GGML_QUANT_SIZES
         self.path = path
+        if os.path.getsize(path) < len(_MAGIC):
+            raise ValueError(f"{path} is not a GGUF file (it holds {os.path.getsize(path)} bytes)")
         self._map = np.memmap(path, dtype=np.uint8, mode="r")
         buffer = memoryview(self._map.view(np.ndarray))
-        cursor = _Cursor(buffer)
         if bytes(buffer[:4]) != _MAGIC:
             raise ValueError(f"{path} is not a GGUF file")
+        cursor = _Cursor(buffer)
         cursor.offset = 4
+        try:
+            infos = self._read_header(cursor)
+        except CutShort:
+            raise ValueError(f"{path}: the file ends inside its GGUF header ({len(buffer)} bytes): it is cut "
+                             "short (an interrupted download?) or damaged") from None
+        self._locate_tensors(infos, cursor.offset)
+
+    def _read_header(self, cursor: _Cursor) -> list[tuple]:
+        """The metadata (into self.metadata) and the tensor table: (name, dims, type, offset)s."""
+        from gguf import GGMLQuantizationType
+        path = self.path
         version = cursor.unpack("<I")
         if version not in (2, 3):
             raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
@@ -95,16 +120,25 @@ class GGUFFile:
         for _ in range(tensor_count):
             name = cursor.string()
             dims = tuple(cursor.unpack("<Q") for _ in range(cursor.unpack("<I")))
-            infos.append((name, dims, GGMLQuantizationType(cursor.unpack("<I")), cursor.unpack("<Q")))
+            kind = cursor.unpack("<I")
+            if kind not in GGMLQuantizationType._value2member_map_:
+                raise ValueError(f"{path}: tensor {name} has type {kind}, not a GGML type this gguf package knows")
+            infos.append((name, dims, GGMLQuantizationType(kind), cursor.unpack("<Q")))
+        return infos
+
+    def _locate_tensors(self, infos: list[tuple], header_end: int) -> None:
+        from gguf import GGML_QUANT_SIZES
+        path = self.path
         alignment = int(self.metadata.get("general.alignment", 32))
-        start = -(-cursor.offset // alignment) * alignment
+        start = -(-header_end // alignment) * alignment
         plain = self._map.view(np.ndarray)
         self.tensors = []
         for name, dims, kind, offset in infos:
             block, block_bytes = GGML_QUANT_SIZES[kind]
             nbytes = int(np.prod(dims, dtype=np.int64)) // block * block_bytes
-            if start + offset + nbytes > len(plain):
-                raise ValueError(f"{path}: tensor {name} lies beyond the end of the file")
+            if nbytes < 0 or start + offset + nbytes > len(plain):
+                raise ValueError(f"{path}: tensor {name} lies beyond the end of the file ({len(plain)} bytes): "
+                                 "it is cut short (an interrupted download?) or damaged")
             self.tensors.append(TensorInfo(name, dims, kind, plain[start + offset:start + offset + nbytes]))
 
 
