@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 
@@ -12,6 +11,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 from ember_cupy import text_pieces
 from ember_cupy.chat_template import ChatTemplate
 from ember_cupy.gguf_vocab import CONTROL, SPACE, adds_bos, build_gguf_tokenizer
+from ember_cupy.json_file import read_json_object
 
 # Tokens that end generation when the model emits them (llama.cpp's EOG set, by text).
 EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>",
@@ -67,9 +67,12 @@ class Tokenizer:
         tokenizer_file = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(tokenizer_file):
             raise FileNotFoundError(f"{path} has no tokenizer.json")
-        hf = _HFTokenizer.from_file(tokenizer_file)
+        try:
+            hf = _HFTokenizer.from_file(tokenizer_file)
+        except Exception as exc:   # the tokenizers library raises a bare Exception
+            raise ValueError(f"{tokenizer_file}: not a tokenizer the tokenizers library can read ({exc})") from None
         config_file = os.path.join(path, "tokenizer_config.json")
-        config = json.load(open(config_file)) if os.path.isfile(config_file) else {}
+        config = read_json_object(config_file) if os.path.isfile(config_file) else {}
         specials = hf.encode("", add_special_tokens=True).ids   # what the post-processor adds
         token_id = lambda text: None if text is None else hf.token_to_id(_content(text))  # noqa: E731
         eog = list(eos_token_ids) + [token_id(config.get("eos_token"))]

@@ -23,6 +23,27 @@ from ember_cupy.quant import QuantizedStack, QuantizedTensor
 ProgressCallback = Callable[[int, int], None]  # (done, total)
 
 
+def check_weight_shapes(weights: dict, config: ModelConfig, source: str) -> None:
+    """Every weight as the model's configuration shapes it ([out, in] for a matrix, before
+    prepare_linear_weights): a mismatch names the tensor, rather than failing later in a
+    concatenation or a matmul. The vocabulary dimension is not checked (files pad it)."""
+    hidden, head_dim, inter = config.hidden_size, config.head_dim, config.intermediate_size
+    q, kv = config.num_heads * head_dim, config.num_kv_heads * head_dim
+    expected = {"norm": (hidden,), "attn_norm": (hidden,), "ffn_norm": (hidden,), "post_attn_norm": (hidden,),
+                "post_ffn_norm": (hidden,), "q": (q, hidden), "k": (kv, hidden), "v": (kv, hidden),
+                "o": (hidden, q), "q_bias": (q,), "k_bias": (kv,), "v_bias": (kv,), "q_norm": (head_dim,),
+                "k_norm": (head_dim,), "gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter)}
+    for name, weight in weights.items():
+        kind, shape = name.rsplit(".", 1)[-1], tuple(int(d) for d in weight.shape)
+        if kind in ("embed", "lm_head"):
+            if len(shape) != 2 or shape[1] != hidden:
+                raise ValueError(f"{source}: tensor {name} has shape {shape}; the model's configuration "
+                                 f"asks for (vocabulary, {hidden})")
+        elif kind in expected and shape != expected[kind]:
+            raise ValueError(f"{source}: tensor {name} has shape {shape}; the model's configuration asks for "
+                             f"{expected[kind]}")
+
+
 def prepare_linear_weights(weights: dict[str, np.ndarray], num_layers: int) -> None:
     """In place: layers.i.{q,k,v} -> qkv (+ qkv_bias), layers.i.{gate,up} -> gate_up, and every
     layer's linear weight [out, in] -> its transpose [in, out]."""

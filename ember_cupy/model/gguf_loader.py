@@ -13,7 +13,7 @@ import numpy as np
 from ember_cupy.config import ModelConfig
 from ember_cupy.gguf_file import GGUFFile, release_pages
 from ember_cupy.gguf_metadata import field_value
-from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, prepare_linear_weights
+from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, check_weight_shapes, prepare_linear_weights
 from ember_cupy.quant import QuantizedTensor, half_tensor
 
 # llama.cpp's converter writes Mistral (and Llama 2/3, TinyLlama, SmolLM) as "llama".
@@ -53,6 +53,7 @@ def load_gguf(path: str, progress: ProgressCallback | None = None) -> Checkpoint
     tokenizer = Tokenizer.from_gguf(reader)
     config = _model_config(reader, arch, tokenizer)
     weights = _read_weights(reader, config, progress)
+    check_weight_shapes(weights, config, path)
     prepare_linear_weights(weights, config.num_layers)
     if "lm_head" not in weights:
         config = _replace(config, tie_word_embeddings=True)

@@ -8,7 +8,8 @@ import os
 import numpy as np
 
 from ember_cupy.config import ModelConfig
-from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, prepare_linear_weights
+from ember_cupy.json_file import read_json_object
+from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, check_weight_shapes, prepare_linear_weights
 from ember_cupy.quant import HALF_TYPES, half_tensor
 
 SUPPORTED_ARCHITECTURES = {
@@ -39,8 +40,16 @@ def _read_config(path: str) -> dict:
     config_file = os.path.join(path, "config.json")
     if not os.path.isfile(config_file):
         raise FileNotFoundError(f"{path} has no config.json")
-    with open(config_file) as f:
-        return json.load(f)
+    raw = read_json_object(config_file)
+    for key in _REQUIRED_SIZES + _OPTIONAL_SIZES:
+        value = raw.get(key)
+        if (value is not None or key in _REQUIRED_SIZES) and (type(value) is not int or value < 1):
+            raise ValueError(f"{config_file}: {key} must be a positive whole number, got {value!r}")
+    return raw
+
+
+_REQUIRED_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+_OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings")
 
 
 def load_hf_tokenizer(path: str, raw: dict | None = None):
@@ -54,6 +63,7 @@ def load_hf_directory(path: str, progress: ProgressCallback | None = None) -> Ch
     tokenizer = load_hf_tokenizer(path, raw)
     config = model_config_from_hf(raw, arch, tokenizer, name=os.path.basename(os.path.normpath(path)))
     weights = _read_safetensors(path, _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES, progress)
+    check_weight_shapes(weights, config, path)
     if arch == "gemma3":
         for name in weights:
             if name.endswith("norm"):
@@ -79,8 +89,7 @@ def _eos_ids(raw: dict, path: str) -> tuple[int, ...]:
     sources = [raw]
     generation_file = os.path.join(path, "generation_config.json")
     if os.path.isfile(generation_file):
-        with open(generation_file) as f:
-            sources.append(json.load(f))
+        sources.append(read_json_object(generation_file))
     for source in sources:
         value = source.get("eos_token_id")
         ids += value if isinstance(value, list) else [value] if value is not None else []
@@ -171,8 +180,10 @@ def _scaling(params: dict) -> dict | None:
 def _shard_files(path: str) -> list[str]:
     index_file = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index_file):
-        with open(index_file) as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
+        weight_map = read_json_object(index_file).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index_file}: no weight_map object")
+        shards = sorted(set(map(str, weight_map.values())))
         missing = [s for s in shards if not os.path.isfile(os.path.join(path, s))]
         if missing:
             raise FileNotFoundError(f"{path}: shard(s) listed in the index are missing: {missing}")
@@ -191,26 +202,51 @@ def _read_safetensors(path: str, layer_names: dict, progress) -> dict[str, np.nd
     files = _shard_files(path)
     for done, file in enumerate(files, 1):
         entries, data_start = _safetensors_header(file)
-        with safe_open(file, framework="np") as f:
-            for hf_name in f.keys():
-                name = _canonical_name(hf_name, layer_names)
-                if name is None:
-                    continue
-                entry = entries[hf_name]
-                if entry["dtype"] in HALF_TYPES and len(entry["shape"]) == 2:
-                    weights[name] = _half_matrix(file, entry, data_start)
-                else:
-                    weights[name] = np.asarray(f.get_tensor(hf_name), dtype=np.float32)
+        try:
+            with safe_open(file, framework="np") as f:
+                for hf_name in f.keys():
+                    name = _canonical_name(hf_name, layer_names)
+                    if name is None:
+                        continue
+                    entry = entries[hf_name]
+                    if entry["dtype"] in HALF_TYPES and len(entry["shape"]) == 2:
+                        weights[name] = _half_matrix(file, entry, data_start)
+                    else:
+                        weights[name] = np.asarray(f.get_tensor(hf_name), dtype=np.float32)
+        except (ValueError, OSError):
+            raise
+        except Exception as exc:   # safetensors' SafetensorError, and what a damaged file makes of it
+            raise ValueError(f"{file}: not a safetensors file this library can read ({exc})") from None
         if progress:
             progress(done, len(files))
     return weights
 
 
 def _safetensors_header(file: str) -> tuple[dict, int]:
-    """The file's tensor entries ({name: {dtype, shape, data_offsets}}) and where their data starts."""
+    """The file's tensor entries ({name: {dtype, shape, data_offsets}}) and where their data starts;
+    ValueError when the file is cut short (an interrupted download) or its header damaged."""
+    file_bytes = os.path.getsize(file)
     with open(file, "rb") as f:
         size = int.from_bytes(f.read(8), "little")
-        return json.loads(f.read(size)), 8 + size
+        if file_bytes < 8 or 8 + size > file_bytes:
+            raise ValueError(f"{file}: the file ends inside its safetensors header ({file_bytes} bytes): "
+                             "it is cut short (an interrupted download?) or damaged")
+        try:
+            entries = json.loads(f.read(size))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{file}: a damaged safetensors header ({exc})") from None
+    data_bytes = file_bytes - 8 - size
+    for name, entry in entries.items():
+        if name != "__metadata__" and not _inside(entry, data_bytes):
+            raise ValueError(f"{file}: tensor {name} lies beyond the end of the file ({file_bytes} bytes): "
+                             "it is cut short (an interrupted download?) or damaged")
+    return entries, 8 + size
+
+
+def _inside(entry, data_bytes: int) -> bool:
+    offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+    return (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+            and 0 <= offsets[0] <= offsets[1] <= data_bytes)
 
 
 def _half_matrix(file: str, entry: dict, data_start: int):
