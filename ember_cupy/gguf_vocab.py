@@ -105,7 +105,13 @@ def build_gguf_tokenizer(reader) -> HFTokenizer:
     """The file's vocabulary, pre-tokenization and special tokens as a `tokenizers.Tokenizer`."""
     kind = field_value(reader, "tokenizer.ggml.model")
     tokens = field_value(reader, "tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise ValueError(f"{getattr(reader, 'path', 'the GGUF file')}: its metadata tokenizer.ggml.tokens is "
+                         "missing or not a list of strings: no vocabulary to tokenize with")
     types = field_value(reader, "tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
+    if not isinstance(types, list) or len(types) != len(tokens):
+        raise ValueError(f"{getattr(reader, 'path', 'the GGUF file')}: tokenizer.ggml.token_type holds "
+                         f"{len(types) if isinstance(types, list) else types!r} entries for {len(tokens)} tokens")
     if kind == "gpt2":
         hf = _byte_level_bpe(reader, tokens)
     elif kind == "llama":

@@ -66,3 +66,66 @@ def test_serve_on_a_cut_short_file_says_so_and_exits_non_zero(tmp_path):
                           env={**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")})
     assert done.returncode != 0
     assert "cut.gguf: the file ends inside its GGUF header" in done.stderr and "struct.error" not in done.stderr
+
+
+def _rewritten(source: str, out: str, edit) -> str:
+    """`source` written again with its metadata passed through edit(dict) first."""
+    import gguf
+    src = GGUFFile(source)
+    metadata = dict(src.metadata)
+    edit(metadata)
+    writer = gguf.GGUFWriter(out, metadata.pop("general.architecture"))
+    for key, value in metadata.items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        elif isinstance(value, list):
+            writer.add_array(key, value)
+    for tensor in src.tensors:
+        shape = tuple(reversed(tensor.shape))
+        if tensor.tensor_type.name == "F32":
+            writer.add_tensor(tensor.name, np.frombuffer(tensor.data.tobytes(), np.float32).reshape(shape))
+        else:
+            writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+METADATA_DAMAGE = {
+    "embedding_length missing": (lambda m, a: m.pop(f"{a}.embedding_length"),
+                                 r"{a}.embedding_length must be a positive whole number, got None"),
+    "head_count a string": (lambda m, a: m.__setitem__(f"{a}.attention.head_count", "four"),
+                            r"{a}.attention.head_count must be a positive whole number, got 'four'"),
+    "head_count zero": (lambda m, a: m.__setitem__(f"{a}.attention.head_count", 0),
+                        r"{a}.attention.head_count must be a positive whole number, got 0"),
+    "block_count missing": (lambda m, a: m.pop(f"{a}.block_count"), r"{a}.block_count must be a positive"),
+    "vocabulary missing": (lambda m, a: m.pop("tokenizer.ggml.tokens"),
+                           r"tokenizer.ggml.tokens is missing or not a list of strings"),
+    "token types short": (lambda m, a: m.__setitem__("tokenizer.ggml.token_type", m["tokenizer.ggml.token_type"][:-1]),
+                          r"tokenizer.ggml.token_type holds \d+ entries for \d+ tokens"),
+}
+
+
+@pytest.mark.parametrize("damage", list(METADATA_DAMAGE))
+def test_damaged_metadata_is_a_value_error_naming_the_key(tmp_path, damage):
+    import json
+
+    from ember_cupy import LLM
+    from tiny_gguf import write_tiny_gguf
+    from tiny_model import write_tiny_checkpoint
+    weights = write_tiny_checkpoint(tmp_path / "hf")
+    good = write_tiny_gguf(tmp_path / "good.gguf", weights, json.loads((tmp_path / "hf" / "config.json").read_text()))
+    arch = GGUFFile(good).metadata["general.architecture"]
+    LLM(_rewritten(good, str(tmp_path / "same.gguf"), lambda m: None), num_kv_blocks=16)   # the copy loads
+    edit, message = METADATA_DAMAGE[damage]
+    path = _rewritten(good, str(tmp_path / "damaged.gguf"), lambda m: edit(m, arch))
+    with pytest.raises(ValueError, match="damaged.gguf: .*" + message.format(a=arch)):
+        LLM(path, num_kv_blocks=16)

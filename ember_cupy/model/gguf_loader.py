@@ -51,7 +51,7 @@ def load_gguf(path: str, progress: ProgressCallback | None = None) -> Checkpoint
                          f"supported: {SUPPORTED_ARCHITECTURES}")
     from ember_cupy.tokenizer import Tokenizer
     tokenizer = Tokenizer.from_gguf(reader)
-    config = _model_config(reader, arch, tokenizer)
+    config = _model_config(reader, arch, tokenizer, path)
     weights = _read_weights(reader, config, progress)
     check_weight_shapes(weights, config, path)
     prepare_linear_weights(weights, config.num_layers)
@@ -65,30 +65,37 @@ def _replace(config: ModelConfig, **changes) -> ModelConfig:
     return replace(config, **changes)
 
 
-def _model_config(reader, arch: str, tokenizer) -> ModelConfig:
+def _model_config(reader, arch: str, tokenizer, path: str) -> ModelConfig:
     get = lambda key, default=None: field_value(reader, f"{arch}.{key}", default)  # noqa: E731
-    hidden = int(get("embedding_length"))
-    heads = int(get("attention.head_count"))
-    head_dim = int(get("attention.key_length", hidden // heads))
+
+    def size(key: str, default=None) -> int:
+        value = get(key, default)
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{path}: GGUF metadata {arch}.{key} must be a positive whole number, got {value!r}")
+        return value
+
+    hidden = size("embedding_length")
+    heads = size("attention.head_count")
+    head_dim = size("attention.key_length", hidden // heads)
     scaling_type = get("rope.scaling.type")
     rope_scaling = None
     if scaling_type and scaling_type != "none":
         rope_scaling = {"rope_type": scaling_type, "factor": float(get("rope.scaling.factor", 1.0))}
-    vocab = int(get("vocab_size", len(tokenizer)))
-    layers = int(get("block_count"))
+    vocab = size("vocab_size", len(tokenizer))
+    layers = size("block_count")
     return ModelConfig(
         architecture=arch,
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length")),
+        intermediate_size=size("feed_forward_length"),
         num_layers=layers,
         num_heads=heads,
-        num_kv_heads=int(get("attention.head_count_kv", heads)),
+        num_kv_heads=size("attention.head_count_kv", heads),
         head_dim=head_dim,
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(get("rope.freq_base", 10000.0)),
         rope_scaling=rope_scaling,
-        max_position_embeddings=int(get("context_length", 2048)),
+        max_position_embeddings=size("context_length", 2048),
         attention_bias=arch == "qwen2",
         bos_token_id=tokenizer.bos_token_id,
         eos_token_ids=tokenizer.eos_token_ids,
