@@ -43,7 +43,7 @@ typedef struct {              /* per step (ember_cupy/ops/layer.py: StepArgs) */
     const float *cos_sin;
     const float *local_cos_sin;   /* RoPE table of the windowed layers (Gemma 3's own base); NULL: cos_sin */
     int32_t activation;           /* ACT_SILU | ACT_GELU_TANH */
-    const uint8_t *prompt_rows;   /* [tokens]: 1 = a prompt token's row, its matmuls in bf16 (matmul_bf16_amx.h); NULL: none */
+    const uint8_t *prompt_rows;   /* [tokens]: 1 = a prompt token's row, its matmuls in bf16 (matmul_bf16.h); NULL: none */
 } StepArgs;
 
 /* Statuses besides a kernel's own: matmul 10 + its code, attention 20 + its code. */

@@ -12,6 +12,40 @@
 #ifndef EMBER_CPU_MATMUL_AMX_H
 #define EMBER_CPU_MATMUL_AMX_H
 
+#if defined(PAIRED_GROUPS)
+/* Block b of the pair (groups at ga and gb): its 8 rows V_j of values less the format's offset,
+ * dw and mw of the 16 rows, and Q6_K's half scales as floats (sc[0] the first half's, sc[1] the
+ * second's). Shared by the AMX int8 tiles and the bf16 prompt paths (matmul_bf16.h). */
+static inline __attribute__((always_inline)) void pair_block(const uint8_t *ga, const uint8_t *gb, int32_t wtype,
+                                                             int64_t b, __m512i v[8], __m512 *dw, __m512 *mw,
+                                                             __m512 sc[2]) {
+    const int64_t rb = record_bytes(wtype);
+    const uint8_t *ra = ga + b * rb, *rc = gb + b * rb;
+    *mw = _mm512_setzero_ps();
+    if (is_unsigned_format(wtype)) {
+        decode_values16(body_of(ga, wtype, b), body_of(gb, wtype, b), FORMATS[wtype].high_bits, v);
+        const __m512i offset = _mm512_set1_epi8((char)FORMATS[wtype].offset);
+        for (int j = 0; j < 8; j++) v[j] = _mm512_sub_epi8(v[j], offset);
+        const uint8_t *rec_a = record_of(ga, wtype, b), *rec_b = record_of(gb, wtype, b);
+        const int bi = (int)(b % FORMATS[wtype].blocks);
+        __m512 d, m;
+        record_scales(rec_a, rec_b, wtype, &d, &m);
+        pair_scales(rec_a, rec_b, wtype, bi, d, m, dw, mw);
+        if (wtype == WTYPE_Q6_K) {
+            sc[0] = _mm512_cvtepi32_ps(i8x16_epi32(rec_a + 16 + 16 * bi, rec_b + 16 + 16 * bi));
+            sc[1] = _mm512_cvtepi32_ps(i8x16_epi32(rec_a + 24 + 16 * bi, rec_b + 24 + 16 * bi));
+        }
+    } else if (wtype == WTYPE_Q4_1) {
+        for (int c = 0; c < 4; c++) unpack_q4_chunk(ra, rc, c, v + 2 * c, v + 2 * c + 1);
+        *dw = load_f16x16(ra, rc);
+        *mw = load_f16x16(ra + 16, rc + 16);
+    } else {
+        for (int j = 0; j < 8; j++) v[j] = load_pair(ra + 16 + 32 * j, rc + 16 + 32 * j);
+        *dw = load_f16x16(ra, rc);
+    }
+}
+#endif
+
 #if defined(PAIRED_GROUPS) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -38,7 +72,7 @@
 #define HALF_BA 5
 #define HALF_AB 6
 #define HALF_BB 7
-enum tile_layout { WHOLE_BLOCKS = 1, HALF_BLOCKS = 2, BF16_TILES = 3 };   /* BF16_TILES: matmul_bf16_amx.h */
+enum tile_layout { WHOLE_BLOCKS = 1, HALF_BLOCKS = 2, BF16_TILES = 3 };   /* BF16_TILES: matmul_bf16.h */
 
 struct tile_config { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; };
 
@@ -100,37 +134,6 @@ static void configure_tiles(enum tile_layout layout) {
  * scales dw and mw of the 16 rows (pair_scales) and Q6_K's half scales as floats (sc: 16 of the
  * first half, then 16 of the second), so that the per-tile loop only scales. */
 struct pair_tiles { uint8_t *b; float *dw, *mw, *sc; };
-
-/* Block b of the pair (groups at ga and gb): its 8 rows V_j of tile values, dw and mw of the 16
- * rows, and Q6_K's half scales as floats (sc[0] the first half's, sc[1] the second's). */
-static inline __attribute__((always_inline)) void pair_block(const uint8_t *ga, const uint8_t *gb, int32_t wtype,
-                                                             int64_t b, __m512i v[8], __m512 *dw, __m512 *mw,
-                                                             __m512 sc[2]) {
-    const int64_t rb = record_bytes(wtype);
-    const uint8_t *ra = ga + b * rb, *rc = gb + b * rb;
-    *mw = _mm512_setzero_ps();
-    if (is_unsigned_format(wtype)) {
-        decode_values16(body_of(ga, wtype, b), body_of(gb, wtype, b), FORMATS[wtype].high_bits, v);
-        const __m512i offset = _mm512_set1_epi8((char)FORMATS[wtype].offset);
-        for (int j = 0; j < 8; j++) v[j] = _mm512_sub_epi8(v[j], offset);
-        const uint8_t *rec_a = record_of(ga, wtype, b), *rec_b = record_of(gb, wtype, b);
-        const int bi = (int)(b % FORMATS[wtype].blocks);
-        __m512 d, m;
-        record_scales(rec_a, rec_b, wtype, &d, &m);
-        pair_scales(rec_a, rec_b, wtype, bi, d, m, dw, mw);
-        if (wtype == WTYPE_Q6_K) {
-            sc[0] = _mm512_cvtepi32_ps(i8x16_epi32(rec_a + 16 + 16 * bi, rec_b + 16 + 16 * bi));
-            sc[1] = _mm512_cvtepi32_ps(i8x16_epi32(rec_a + 24 + 16 * bi, rec_b + 24 + 16 * bi));
-        }
-    } else if (wtype == WTYPE_Q4_1) {
-        for (int c = 0; c < 4; c++) unpack_q4_chunk(ra, rc, c, v + 2 * c, v + 2 * c + 1);
-        *dw = load_f16x16(ra, rc);
-        *mw = load_f16x16(ra + 16, rc + 16);
-    } else {
-        for (int j = 0; j < 8; j++) v[j] = load_pair(ra + 16 + 32 * j, rc + 16 + 32 * j);
-        *dw = load_f16x16(ra, rc);
-    }
-}
 
 static void build_pair_tiles(const uint8_t *ga, const uint8_t *gb, int32_t wtype, int64_t nb,
                              const struct pair_tiles *t) {

@@ -802,4 +802,4 @@ EMBER_EXPORT int ember_matmul_q(const float *x, int64_t M, int64_t K, int64_t ld
     return ember_matmul_parts(x, M, K, ldx, &part, 1, y, ldy, passes, second_pass_threshold);
 }
 
-#include "matmul_bf16_amx.h"
+#include "matmul_bf16.h"

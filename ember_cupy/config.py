@@ -130,9 +130,10 @@ class EngineConfig:
     second_pass_threshold: float = 0.0
     # Prompt tokens' matmuls: auto = x and W in bf16 on AMX-BF16 tiles where the host kernels have
     # them (sums over the whole row in float32, no per-block scaling: ~3x the int8 path's prefill
-    # on 1B K-quants, x kept to 8 bits rather than ~15), else as activation_passes says; int8 =
+    # on 1B K-quants, x kept to 8 bits rather than ~15), else on AVX512-BF16 vectors (Zen 4:
+    # 1.2-1.6x at 512 rows, slower below ~32), else as activation_passes says; int8 =
     # as the generated tokens' (activation_passes), on every machine. A row's role, not the batch,
-    # picks the kernel, so outputs stay batch-invariant (cpu/matmul_bf16_amx.h).
+    # picks the kernel, so outputs stay batch-invariant (cpu/matmul_bf16.h).
     prompt_activations: str = "auto"
     # Storage of the K/V pools: auto = float16 on the NumPy backend with host kernels (half the
     # bytes per block, and half what attention reads) unless quantization="none" (the exact fp32

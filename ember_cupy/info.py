@@ -75,6 +75,6 @@ def describe(engine=None) -> str:
     if engine is not None:
         parts.append(f"weights {info['quantization']} {info['weight_bytes'] / 2**20:.1f} MiB")
         if info["prompt_activations"] == "bf16":
-            parts.append("prompt rows on AMX-BF16 tiles")
+            parts.append("prompt rows in bf16")
         parts.append(f"peak RSS {info['peak_rss_bytes'] / 2**20:.0f} MiB")
     return ", ".join(parts)

@@ -126,7 +126,7 @@ def test_tiny_families_fused_give_the_op_by_op_logprobs(tmp_path, variant, kv_ca
 def test_tiny_families_fused_match_the_dense_reference(tmp_path, variant, prompt_activations, tolerance):
     """Against the float64 reference with the matrices it serves (Q8_0-rounded): what remains is
     the activations' int8 quantization, both passes on every block here; with prompt rows in
-    bf16 where the machine has AMX-BF16 tiles (auto), also x and W rounded to 8 bits there."""
+    bf16 where the machine has AMX-BF16 tiles or AVX512-BF16 (auto), also x and W rounded to 8 bits there."""
     checkpoint, quantization, weights, config = _tiny(tmp_path, variant)
     llm = LLM(checkpoint, quantization=quantization, kv_cache_dtype="float32", second_pass_threshold=0.0,
               block_size=4, max_num_batched_tokens=7, prompt_activations=prompt_activations)

@@ -1,4 +1,4 @@
-"""The prompt rows' kernel (cpu/matmul_bf16_amx.h: x and W in bf16 on AMX-BF16 tiles) against its
+"""The prompt rows' kernel (cpu/matmul_bf16.h: x and W in bf16 on AMX-BF16 tiles or AVX512-BF16 vectors) against its
 NumPy twin, ops/linear.py matmul_q_bf16_numpy, on machines that have the tiles."""
 import numpy as np
 import pytest
@@ -7,11 +7,11 @@ from gguf.quants import quantize
 
 from ember_cupy.ops import _host
 from ember_cupy.ops import linear
-from ember_cupy.ops.linear import bf16_tiles_ready, matmul_q_bf16, matmul_q_bf16_numpy, round_to_bf16
+from ember_cupy.ops.linear import bf16_prompts_ready, matmul_q_bf16, matmul_q_bf16_numpy, round_to_bf16
 from ember_cupy.packed_weight import LAYOUTS, StackedWeight, to_kernel_format
 from ember_cupy.quant import QuantizedTensor, half_tensor
 
-pytestmark = pytest.mark.skipif(not bf16_tiles_ready(), reason="no AMX-BF16 tiles on this machine")
+pytestmark = pytest.mark.skipif(not bf16_prompts_ready(), reason="neither AMX-BF16 tiles nor AVX512-BF16 on this machine")
 
 _K_QUANT_SCALES = {"Q4_K": (144, (0, 2)), "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,))}
 
@@ -87,7 +87,7 @@ def test_round_to_bf16_is_nearest_even():
 
 
 def test_where_the_tiles_are_missing_it_says_so(monkeypatch):
-    monkeypatch.setattr(linear, "bf16_tiles_ready", lambda library=None: False)
+    monkeypatch.setattr(linear, "bf16_prompts_ready", lambda library=None: False)
     with pytest.raises(ValueError, match="AMX-BF16"):
         matmul_q_bf16(np.zeros((1, 256), np.float32), _weight(np.random.default_rng(0), "Q4_0", 8, 256),
                       _host.active())

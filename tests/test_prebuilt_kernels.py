@@ -101,3 +101,24 @@ def test_a_prebuilt_library_of_other_sources_is_not_loaded(tmp_path):
     with open(sources / "common.h", "a") as f:
         f.write("\n/* edited */\n")
     assert host_build.prebuilt_library(sources, "portable", tmp_path / "prebuilt") is None
+
+
+def test_a_compiler_without_an_optional_flag_builds_the_library_without_it(tmp_path):
+    """GCC < 10 does not know -mavx512bf16: the avx512vnni build is retried without it (the bf16
+    prompt path then compiled out) rather than the whole path lost to the avx2 one."""
+    from ember_cupy.ops import host_build
+    calls = tmp_path / "calls.txt"
+    cc = tmp_path / "old-cc"
+    cc.write_text(f"""#!/bin/sh
+echo "$*" >> {calls}
+for arg in "$@"; do [ "$arg" = "-mavx512bf16" ] && {{ echo "unrecognized option '$arg'" >&2; exit 1; }}; done
+while [ "$1" != "-o" ]; do shift; done
+touch "$2"
+""")
+    cc.chmod(0o755)
+    target = host_build.compile_library(str(cc), "avx512vnni", Path(_host.HOST_SOURCE_DIR),
+                                        tmp_path / "lib.so")
+    assert target.is_file()
+    tries = calls.read_text().splitlines()
+    assert [("-mavx512bf16" in t.split(), "-fopenmp" in t.split()) for t in tries] == [(True, True), (True, False),
+                                                                                    (False, True)]

@@ -1,4 +1,4 @@
-"""Prompt tokens' matmuls in bf16 on AMX-BF16 tiles (EngineConfig.prompt_activations = auto), the
+"""Prompt tokens' matmuls in bf16 on AMX-BF16 tiles or AVX512-BF16 vectors (EngineConfig.prompt_activations = auto), the
 generated tokens' as activation_passes says, through the public API on the default model."""
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from ember_cupy import LLM, SamplingParams
 from ember_cupy.config import EngineConfig
 from ember_cupy.ops import linear
-from ember_cupy.ops.linear import bf16_tiles_ready
+from ember_cupy.ops.linear import bf16_prompts_ready, bf16_tiles_ready
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    if n < 2:\n        return n\n    return"]
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3, prompt_logprobs=3)
@@ -22,7 +22,7 @@ def _bf16_rows_op_by_op(llm, monkeypatch) -> int:
     return sum(rows)
 
 
-@pytest.mark.skipif(not bf16_tiles_ready(), reason="no AMX-BF16 tiles on this machine")
+@pytest.mark.skipif(not bf16_prompts_ready(), reason="neither AMX-BF16 tiles nor AVX512-BF16 on this machine")
 def test_prompt_rows_and_only_they_take_the_bf16_tiles(checkpoint, monkeypatch):
     llm = LLM(checkpoint, max_num_batched_tokens=8, enable_prefix_caching=False)
     matmuls = 4 * llm.engine.model_config.num_layers         # qkv, o, gate_up, down a layer
@@ -31,7 +31,7 @@ def test_prompt_rows_and_only_they_take_the_bf16_tiles(checkpoint, monkeypatch):
     assert _bf16_rows_op_by_op(LLM(checkpoint, prompt_activations="int8"), monkeypatch) == 0
 
 
-@pytest.mark.skipif(not bf16_tiles_ready(), reason="no AMX-BF16 tiles on this machine")
+@pytest.mark.skipif(not bf16_prompts_ready(), reason="neither AMX-BF16 tiles nor AVX512-BF16 on this machine")
 def test_bf16_prompts_stay_close_to_int8_prompts(checkpoint):
     """The same greedy tokens; prompt logprobs within a few hundredths of a nat of the int8 path's
     (x kept to 8 bits, not ~15), and not equal to them (the tiles did run)."""

@@ -27,7 +27,7 @@ from ember_cupy.model.checkpoint import Checkpoint
 from ember_cupy.model.weights import is_quantized, linear_weight, vocab_matrix
 from ember_cupy.ops import _cuda, _host
 from ember_cupy.ops.layer import LayerStack, decoder_layers, fused_layer_computes, layer_args, step_args
-from ember_cupy.ops.linear import bf16_tiles_ready, embedding, linear, matmul_q
+from ember_cupy.ops.linear import bf16_prompts_ready, embedding, linear, matmul_q
 from ember_cupy.half_weight import HalfWeight
 from ember_cupy.packed_weight import PackedWeight, StackedWeight
 from ember_cupy.quant import ActivationQuantization, DeviceQuantizedWeight, DeviceStack
@@ -75,9 +75,9 @@ class DecoderModel:
         deterministic: the device kernels' batch-invariant choices (EngineConfig.deterministic);
         weight_cache: a WeightCache the host format of the matrices is mapped from or packed into;
         prompt_activations: "auto" = prompt rows in bf16 where the host kernels have AMX-BF16 tiles
-        (EngineConfig.prompt_activations), "int8" = as every other row."""
+        or AVX512-BF16 vectors (EngineConfig.prompt_activations), "int8" = as every other row."""
         self.activations = activations
-        self.prompt_rows_in_bf16 = prompt_activations == "auto" and xp is np and bf16_tiles_ready()
+        self.prompt_rows_in_bf16 = prompt_activations == "auto" and xp is np and bf16_prompts_ready()
         self.deterministic = deterministic
         self._fused_key, self._fused = None, None     # per-layer host-call arguments, per KV pool
         self.config: ModelConfig = checkpoint.config

@@ -16,9 +16,14 @@ from pathlib import Path
 
 logger = logging.getLogger("ember_cupy.host")
 
-_AVX512_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c")
+# -mavx512bf16 lets the bf16 prompt path (cpu/matmul_bf16.h) be compiled in; it runs only where
+# CPUID reports AVX512-BF16 (no other code is written with bf16 types, so the compiler emits none).
+# A compiler that does not know it (GCC < 10) builds the path without it (OPTIONAL_FLAGS).
+OPTIONAL_FLAGS = ("-mavx512bf16",)
+_AVX512_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512bf16", "-mavx2", "-mfma",
+                 "-mf16c")
 ISA_FLAGS = {
-    "avx512amx": (*_AVX512_FLAGS, "-mamx-tile", "-mamx-int8", "-mamx-bf16", "-mavx512bf16"),
+    "avx512amx": (*_AVX512_FLAGS, "-mamx-tile", "-mamx-int8", "-mamx-bf16"),
     "avx512vnni": _AVX512_FLAGS,
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
     # aarch64 always has NEON, so its paths are asked for by name: "portable" stays plain C there
@@ -85,13 +90,15 @@ def compile_library(cc: str, isa: str, source_dir: Path, target: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
     errors = ""
-    for openmp in (("-fopenmp",), ()):   # a compiler without OpenMP still builds 1-thread kernels
-        cmd = [cc, *flags(isa), *openmp, "-I", str(source_dir), *map(str, source_files), "-o", str(tmp), "-lm"]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode == 0:
-            os.replace(tmp, target)
-            return target
-        errors = result.stderr
+    every_flag = flags(isa)
+    for isa_flags in dict.fromkeys((every_flag, tuple(f for f in every_flag if f not in OPTIONAL_FLAGS))):
+        for openmp in (("-fopenmp",), ()):   # a compiler without OpenMP still builds 1-thread kernels
+            cmd = [cc, *isa_flags, *openmp, "-I", str(source_dir), *map(str, source_files), "-o", str(tmp), "-lm"]
+            result = subprocess.run(cmd, capture_output=True, text=True)
+            if result.returncode == 0:
+                os.replace(tmp, target)
+                return target
+            errors = result.stderr
     raise CompileError(f"{cc} failed to build the host kernels ({isa}):\n{errors[-4000:]}")
 
 

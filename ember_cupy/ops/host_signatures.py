@@ -14,6 +14,7 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "ember_max_threads": ([], c_int),
     "ember_amx_ready": ([], c_int),
     "ember_bf16_tiles_ready": ([], c_int),
+    "ember_bf16_prompts_ready": ([], c_int),
     "ember_matmul_parts_bf16": ([_P, _I64, _I64, _I64, _P, _I32, _P, _I64], c_int),
     "ember_set_num_threads": ([c_int], None),
     "ember_parallel_for": ([_I64, _P, _P], None),    # (n, range function, its context): tests only

@@ -165,18 +165,28 @@ def matmul_q_numpy(x: np.ndarray, weight: PackedWeight | StackedWeight | HalfWei
 
 def bf16_tiles_ready(library=None) -> bool:
     """Whether this machine's host kernels run prompt rows on AMX-BF16 tiles (matmul_q_bf16)."""
+    return _asks(library, "ember_bf16_tiles_ready")
+
+
+def bf16_prompts_ready(library=None) -> bool:
+    """Whether this machine's host kernels run matmul_q_bf16: on AMX-BF16 tiles, or on AVX512-BF16
+    vectors (the avx512vnni path on a CPU that has them: Zen 4)."""
+    return _asks(library, "ember_bf16_prompts_ready")
+
+
+def _asks(library, name: str) -> bool:
     library = library or _host.active()
-    function = getattr(library.lib, "ember_bf16_tiles_ready", None) if library is not None else None
+    function = getattr(library.lib, name, None) if library is not None else None
     return bool(function and function())
 
 
 def matmul_q_bf16(x: np.ndarray, weight: PackedWeight | StackedWeight | HalfWeight, library=None) -> np.ndarray:
-    """x [M, K] @ weight[N, K]^T -> [M, N] on AMX-BF16 tiles (cpu/matmul_bf16_amx.h): x and W
+    """x [M, K] @ weight[N, K]^T -> [M, N] on AMX-BF16 tiles or AVX512-BF16 vectors (cpu/matmul_bf16.h): x and W
     rounded to bf16, sums in float32 over the whole of K; a 16-bit part multiplies x as it is.
-    The engine's kernel for prompt rows where bf16_tiles_ready(); ValueError elsewhere."""
+    The engine's kernel for prompt rows where bf16_prompts_ready(); ValueError elsewhere."""
     library = library or _host.active()
-    if not bf16_tiles_ready(library):
-        raise ValueError("matmul_q_bf16: this machine's host kernels have no AMX-BF16 tiles")
+    if not bf16_prompts_ready(library):
+        raise ValueError("matmul_q_bf16: this machine's host kernels have neither AMX-BF16 tiles nor AVX512-BF16")
     _check(x, weight)
     if x.dtype != np.float32 or x.strides[-1] != 4:
         x = np.ascontiguousarray(x, dtype=np.float32)

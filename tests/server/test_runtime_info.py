@@ -7,7 +7,7 @@ import sys
 from server_helpers import http
 
 from ember_cupy.ops import _host
-from ember_cupy.ops.linear import bf16_tiles_ready
+from ember_cupy.ops.linear import bf16_prompts_ready
 
 
 def test_version_reports_the_host_kernels_and_the_served_format(base_url):
@@ -16,7 +16,7 @@ def test_version_reports_the_host_kernels_and_the_served_format(base_url):
     assert status == 200 and info["backend"] == "numpy"
     assert info["host_kernels"]["active"] and info["host_kernels"]["isa"] == _host.best_isa()
     assert info["quantization"] == "auto"
-    assert info["prompt_activations"] == ("bf16" if bf16_tiles_ready() else "int8")
+    assert info["prompt_activations"] == ("bf16" if bf16_prompts_ready() else "int8")
     assert 80e6 < info["weight_bytes"] < 110e6      # Q4_1 matrices + Q8_0 embedding, held once
     assert info["peak_rss_bytes"] > info["weight_bytes"]
     assert info["determinism"] == {"bit_identical_across": ["batch", "prefix_cache", "chunked_prefill",

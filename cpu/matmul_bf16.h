@@ -1,24 +1,36 @@
-/* Prompt rows on AMX-BF16 (included by cpu/matmul_q.c after matmul_amx.h).
+/* Prompt rows in bf16 (included by cpu/matmul_q.c after matmul_amx.h): on AMX-BF16 tiles where
+ * the CPU has them and Linux grants them, else on AVX512-BF16 vectors (VDPBF16PS: Zen 4, Cooper
+ * Lake), which the avx512vnni library is built with and asks CPUID for before it uses them.
  *
- * y[M, N] = bf16(x)[M, K] @ bf16(W)[N, K]^T, float32 sums in the tiles: x rounded to bf16 once
- * per call, each 32-column block of a pair of weight groups (16 rows) decoded by the int8 path's
- * pair_block (matmul_amx.h), scaled to float32 as the NumPy twin's dequantize_values does (the same
- * multiplications, no FMA), rounded to bf16 into one tile B. A task's two pairs (32 outputs) are
- * decoded once for every 32 rows of x: two tiles A, two tiles B, four tiles C, and no float step
- * per block: the tiles sum the whole of K. The int8 path stores each block's sums and scales them
- * with vector instructions (its time at 512 rows went there); this path stores once per K.
+ * y[M, N] = bf16(x)[M, K] @ bf16(W)[N, K]^T, float32 sums: x rounded to bf16 once per call, each
+ * 32-column block of a pair of weight groups (16 rows) decoded by the int8 path's pair_block
+ * (matmul_amx.h), scaled to float32 as the NumPy twin's dequantize_values does (the same
+ * multiplications, no FMA), rounded to bf16 into the block's 16 dword rows: dword n of row k2 =
+ * (w[n][2 k2], w[n][2 k2 + 1]), AMX's tile B and VDPBF16PS's operand alike. Each pair is decoded
+ * once for every row of x, and there is no float step per block: the sums run over the whole of
+ * K. The int8 path stores each block's sums and scales them with vector instructions (its time at
+ * 512 rows went there); these paths store once per K.
  *
- * Numerics: bf16 keeps 8 bits of x (the int8 path's two passes ~15), and a tile's sums are
- * rounded as the hardware does (close to, not bit for bit, a float32 chain): it is not one of the
- * bit-identical ISA paths. The engine runs prompt rows here, and a row's role, not the batch,
- * picks the kernel, so a row's bits depend on nothing but its own values (cpu/layer.c). NumPy
- * twin: ember_cupy/ops/linear.py matmul_q_bf16_numpy (x and W rounded alike, sums in float64).
+ * Tiles: a task's two pairs (32 outputs) against 32 rows of x at a time (two tiles A, two B, four
+ * C). Vectors: one pair's 16 dword rows of a block in 16 registers, up to BF16_VECTOR_ROWS rows of
+ * x against them, each row's 16 sums in a register, x's pairs broadcast from memory.
+ *
+ * Numerics: bf16 keeps 8 bits of x (the int8 path's two passes ~15), and the sums are rounded as
+ * the hardware does (close to, not bit for bit, a float32 chain; the tiles and the vectors differ
+ * in the last bits): not one of the bit-identical ISA paths. The engine runs prompt rows here, and
+ * a row's role, not the batch, picks the kernel, so a row's bits depend on nothing but its own
+ * values (cpu/layer.c): on the vectors each row's sums run in the same order whatever rows are
+ * beside it. NumPy twin: ember_cupy/ops/linear.py matmul_q_bf16_numpy (x and W rounded alike,
+ * sums in float64).
  */
-#ifndef EMBER_CPU_MATMUL_BF16_AMX_H
-#define EMBER_CPU_MATMUL_BF16_AMX_H
+#ifndef EMBER_CPU_MATMUL_BF16_H
+#define EMBER_CPU_MATMUL_BF16_H
 
-#if defined(AMX_TILES) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#if defined(PAIRED_GROUPS) && defined(__AVX512BF16__)
 #include <cpuid.h>
+#if defined(AMX_TILES) && defined(__AMX_BF16__)
+#define BF16_ON_TILES 1
+#endif
 
 #define BF16_C00 0                     /* tiles C: x's two tiles A by the two pairs' tiles B */
 #define BF16_C01 1
@@ -30,13 +42,24 @@
 #define BF16_B1 7
 #define BF16_BAND 32                   /* rows of x a pass: two tiles A */
 
-static int bf16_tiles_supported(void) {   /* CPUID.(7, 0):EDX[22] AMX-BF16, CPUID.(7, 1):EAX[5] AVX512-BF16 */
+static int avx512_bf16_supported(void) {   /* CPUID.(7, 1):EAX[5] */
     unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 22) & 1)) return 0;
     return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1);
 }
 
+#if defined(BF16_ON_TILES)
+static int bf16_tiles_supported(void) {   /* CPUID.(7, 0):EDX[22] AMX-BF16, and AVX512-BF16 for x */
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 22) & 1) && avx512_bf16_supported();
+}
+
 EMBER_EXPORT int ember_bf16_tiles_ready(void) { return bf16_tiles_supported() && amx_permission() > 0; }
+#else
+EMBER_EXPORT int ember_bf16_tiles_ready(void) { return 0; }
+#endif
+
+/* Whether ember_matmul_parts_bf16 runs here: on the tiles, or on AVX512-BF16 vectors. */
+EMBER_EXPORT int ember_bf16_prompts_ready(void) { return ember_bf16_tiles_ready() || avx512_bf16_supported(); }
 
 /* 32 floats -> 32 bf16 (a's 16, then b's): VCVTNE2PS2BF16, nearest even, subnormal floats as zero
  * (the twin's round_to_bf16). */
@@ -98,6 +121,7 @@ static void bf16_pair(const struct bf16_job *j, int64_t p, uint16_t *tiles) {
     bf16_pair_tiles(ga, 2 * p + 1 < j->groups ? ga + group_bytes : ga, j->wtype, nb, tiles);
 }
 
+#if defined(BF16_ON_TILES)
 /* 32 rows of x from m against two pairs' tiles; columns from n0, `pairs` (1 or 2) of them valid. */
 static void bf16_band(const struct bf16_job *j, int64_t m, const uint16_t *tiles0, const uint16_t *tiles1,
                       int64_t n0, float out[BF16_BAND][32]) {
@@ -151,6 +175,70 @@ static void bf16_tasks(void *ctx, int64_t begin, int64_t end) {
     }
     free(tiles0);
 }
+#endif
+
+#define BF16_VECTOR_ROWS 12             /* rows of x a pass: with two pairs, 24 registers of sums */
+
+/* R rows of x from m against two pairs' blocks (tiles0, tiles1: nb x 16 dword rows each), into
+ * y's 32 columns from n0 (fewer at the matrix's edge; `pairs` 1: tiles0 alone). Each broadcast
+ * pair of x serves both pairs' rows; R a constant: the sums stay in registers. */
+static inline __attribute__((always_inline)) void bf16_vector_rows(const struct bf16_job *j, int64_t m, const int R,
+                                                                   const uint16_t *tiles0, const uint16_t *tiles1,
+                                                                   int64_t n0) {
+    const int64_t nb = j->K / QK;
+    const uint16_t *x = j->x + m * j->K;
+    __m512 sum0[BF16_VECTOR_ROWS], sum1[BF16_VECTOR_ROWS];
+    for (int r = 0; r < R; r++) sum0[r] = sum1[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++)
+        for (int k2 = 0; k2 < 16; k2++) {
+            const __m512bh w0 = (__m512bh)_mm512_load_si512((const __m512i *)(tiles0 + (b * 16 + k2) * 32));
+            const __m512bh w1 = (__m512bh)_mm512_load_si512((const __m512i *)(tiles1 + (b * 16 + k2) * 32));
+            for (int r = 0; r < R; r++) {
+                uint32_t pair;
+                memcpy(&pair, x + r * j->K + b * QK + 2 * k2, 4);
+                const __m512bh xr = (__m512bh)_mm512_set1_epi32((int)pair);
+                sum0[r] = _mm512_dpbf16_ps(sum0[r], xr, w0);
+                sum1[r] = _mm512_dpbf16_ps(sum1[r], xr, w1);
+            }
+        }
+    for (int half = 0; half < 2; half++) {
+        const int64_t left = j->N - n0 - 16 * half, cols = left < 16 ? left : 16;
+        if (cols <= 0) break;
+        const __mmask16 keep = (__mmask16)((1u << cols) - 1);
+        for (int r = 0; r < R; r++)
+            _mm512_mask_storeu_ps(j->y + (m + r) * j->ldy + n0 + 16 * half, keep, half ? sum1[r] : sum0[r]);
+    }
+}
+
+static void bf16_vector_pairs(const struct bf16_job *j, const uint16_t *tiles0, const uint16_t *tiles1, int64_t n0) {
+    int64_t m = 0;
+#define ROWS_OF(R) bf16_vector_rows(j, m, R, tiles0, tiles1, n0)
+    for (; m + BF16_VECTOR_ROWS <= j->rows; m += BF16_VECTOR_ROWS) ROWS_OF(BF16_VECTOR_ROWS);
+    switch (j->rows - m) {
+    case 11: ROWS_OF(11); break; case 10: ROWS_OF(10); break; case 9: ROWS_OF(9); break; case 8: ROWS_OF(8); break;
+    case 7: ROWS_OF(7); break;   case 6: ROWS_OF(6); break;   case 5: ROWS_OF(5); break; case 4: ROWS_OF(4); break;
+    case 3: ROWS_OF(3); break;   case 2: ROWS_OF(2); break;   case 1: ROWS_OF(1); break; default: break;
+    }
+#undef ROWS_OF
+}
+
+/* A task: two pairs (32 outputs), each decoded once, against every row of x (a lone last pair
+ * twice: its second copy's columns lie past N and are not stored). */
+static void bf16_vector_tasks(void *ctx, int64_t begin, int64_t end) {
+    const struct bf16_job *j = ctx;
+    const int64_t pairs = (j->groups + 1) / 2;
+    const size_t tile_bytes = (size_t)(j->K / QK) * 1024;
+    uint16_t *tiles0 = aligned_alloc(64, 2 * tile_bytes);
+    if (!tiles0) return;   /* bf16_part checked that this much can be allocated */
+    uint16_t *tiles1 = tiles0 + tile_bytes / sizeof(uint16_t);
+    for (int64_t u = begin; u < end; u++) {
+        const int64_t p = 2 * u;
+        bf16_pair(j, p, tiles0);
+        if (p + 1 < pairs) bf16_pair(j, p + 1, tiles1);
+        bf16_vector_pairs(j, tiles0, p + 1 < pairs ? tiles1 : tiles0, 16 * p);
+    }
+    free(tiles0);
+}
 
 /* One quantized part; x already in bf16 (rows padded to BF16_BAND with zeros). */
 static int bf16_part(const EmberWeightPart *part, const uint16_t *xb, int64_t M, int64_t K, float *y, int64_t ldy) {
@@ -161,7 +249,13 @@ static int bf16_part(const EmberWeightPart *part, const uint16_t *xb, int64_t M,
     if (!probe) return -2;
     free(probe);
     struct bf16_job job = {part->w, part->wtype, groups, part->rows, K, M, ldy, xb, y};
-    ember_parallel_for((pairs + 1) / 2, bf16_tasks, &job);
+#if defined(BF16_ON_TILES)
+    if (ember_bf16_tiles_ready()) {
+        ember_parallel_for((pairs + 1) / 2, bf16_tasks, &job);
+        return 0;
+    }
+#endif
+    ember_parallel_for((pairs + 1) / 2, bf16_vector_tasks, &job);
     return 0;
 }
 
@@ -177,7 +271,7 @@ EMBER_EXPORT int ember_matmul_parts_bf16(const float *x, int64_t M, int64_t K, i
         if (K % QK != 0 || !valid_part(&parts[p], K)) return -1;
         quantized_parts++;
     }
-    if (!ember_bf16_tiles_ready()) return -3;
+    if (!ember_bf16_prompts_ready()) return -3;
     if (M == 0 || count == 0) return 0;
     uint16_t *xb = NULL;
     if (quantized_parts) {
@@ -204,6 +298,7 @@ EMBER_EXPORT int ember_matmul_parts_bf16(const float *x, int64_t M, int64_t K, i
 }
 #else
 EMBER_EXPORT int ember_bf16_tiles_ready(void) { return 0; }
+EMBER_EXPORT int ember_bf16_prompts_ready(void) { return 0; }
 
 EMBER_EXPORT int ember_matmul_parts_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, const EmberWeightPart *parts,
                                          int32_t count, float *y, int64_t ldy) {
