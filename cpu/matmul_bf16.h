@@ -111,7 +111,7 @@ static void bf16_pair_tiles(const uint8_t *ga, const uint8_t *gb, int32_t wtype,
 
 struct bf16_job {
     const uint8_t *w; int32_t wtype; int64_t groups, N, K, rows, ldy;
-    const uint16_t *x; float *y;
+    const uint16_t *x; float *y; int32_t on_tiles;
 };
 
 /* Pair p's tiles B for every block (groups 2p and 2p + 1; a lone last group twice). */
@@ -157,24 +157,6 @@ static void bf16_band(const struct bf16_job *j, int64_t m, const uint16_t *tiles
     for (int64_t r = 0; r < rows; r++) memcpy(direct + r * j->ldy, out[r], sizeof(float) * (size_t)cols);
 }
 
-static void bf16_tasks(void *ctx, int64_t begin, int64_t end) {
-    const struct bf16_job *j = ctx;
-    const int64_t pairs = (j->groups + 1) / 2;
-    const size_t tile_bytes = (size_t)(j->K / QK) * 1024;
-    uint16_t *tiles0 = aligned_alloc(64, 2 * tile_bytes);
-    if (!tiles0) return;   /* bf16_part checked that this much can be allocated */
-    uint16_t *tiles1 = tiles0 + tile_bytes / sizeof(uint16_t);
-    configure_tiles(BF16_TILES);
-    float out[BF16_BAND][32] __attribute__((aligned(64)));
-    for (int64_t u = begin; u < end; u++) {
-        const int64_t p = 2 * u;
-        bf16_pair(j, p, tiles0);
-        if (p + 1 < pairs) bf16_pair(j, p + 1, tiles1);
-        for (int64_t m = 0; m < j->rows; m += BF16_BAND)
-            bf16_band(j, m, tiles0, p + 1 < pairs ? tiles1 : tiles0, 16 * p, out);
-    }
-    free(tiles0);
-}
 #endif
 
 #define BF16_VECTOR_ROWS 12             /* rows of x a pass: with two pairs, 24 registers of sums */
@@ -222,20 +204,32 @@ static void bf16_vector_pairs(const struct bf16_job *j, const uint16_t *tiles0, 
 #undef ROWS_OF
 }
 
-/* A task: two pairs (32 outputs), each decoded once, against every row of x (a lone last pair
- * twice: its second copy's columns lie past N and are not stored). */
-static void bf16_vector_tasks(void *ctx, int64_t begin, int64_t end) {
+/* A task: two pairs (32 outputs), each decoded once, against every row of x: 32 rows at a time
+ * on the tiles, else BF16_VECTOR_ROWS on the vectors (a lone last pair twice: its second copy's
+ * columns lie past N and are not stored). */
+static void bf16_tasks(void *ctx, int64_t begin, int64_t end) {
     const struct bf16_job *j = ctx;
     const int64_t pairs = (j->groups + 1) / 2;
     const size_t tile_bytes = (size_t)(j->K / QK) * 1024;
     uint16_t *tiles0 = aligned_alloc(64, 2 * tile_bytes);
     if (!tiles0) return;   /* bf16_part checked that this much can be allocated */
     uint16_t *tiles1 = tiles0 + tile_bytes / sizeof(uint16_t);
+#if defined(BF16_ON_TILES)
+    float out[BF16_BAND][32] __attribute__((aligned(64)));
+    if (j->on_tiles) configure_tiles(BF16_TILES);
+#endif
     for (int64_t u = begin; u < end; u++) {
         const int64_t p = 2 * u;
         bf16_pair(j, p, tiles0);
         if (p + 1 < pairs) bf16_pair(j, p + 1, tiles1);
-        bf16_vector_pairs(j, tiles0, p + 1 < pairs ? tiles1 : tiles0, 16 * p);
+        const uint16_t *second = p + 1 < pairs ? tiles1 : tiles0;
+#if defined(BF16_ON_TILES)
+        if (j->on_tiles) {
+            for (int64_t m = 0; m < j->rows; m += BF16_BAND) bf16_band(j, m, tiles0, second, 16 * p, out);
+            continue;
+        }
+#endif
+        bf16_vector_pairs(j, tiles0, second, 16 * p);
     }
     free(tiles0);
 }
@@ -248,29 +242,16 @@ static int bf16_part(const EmberWeightPart *part, const uint16_t *xb, int64_t M,
     void *probe = aligned_alloc(64, (size_t)nb * 2048);   /* what a task allocates */
     if (!probe) return -2;
     free(probe);
-    struct bf16_job job = {part->w, part->wtype, groups, part->rows, K, M, ldy, xb, y};
-#if defined(BF16_ON_TILES)
-    if (ember_bf16_tiles_ready()) {
-        ember_parallel_for((pairs + 1) / 2, bf16_tasks, &job);
-        return 0;
-    }
-#endif
-    ember_parallel_for((pairs + 1) / 2, bf16_vector_tasks, &job);
+    struct bf16_job job = {part->w, part->wtype, groups, part->rows, K, M, ldy, xb, y, ember_bf16_tiles_ready()};
+    ember_parallel_for((pairs + 1) / 2, bf16_tasks, &job);
     return 0;
 }
 
 EMBER_EXPORT int ember_matmul_parts_bf16(const float *x, int64_t M, int64_t K, int64_t ldx, const EmberWeightPart *parts,
                                          int32_t count, float *y, int64_t ldy) {
     if (K <= 0 || M < 0 || count < 0 || (count > 0 && !parts) || ldx < K) return -1;
-    int32_t quantized_parts = 0;
-    for (int32_t p = 0; p < count; p++) {
-        if (ember_is_16bit(parts[p].wtype)) {
-            if (parts[p].rows < 0 || (parts[p].rows > 0 && !parts[p].w)) return -1;
-            continue;
-        }
-        if (K % QK != 0 || !valid_part(&parts[p], K)) return -1;
-        quantized_parts++;
-    }
+    const int32_t quantized_parts = quantized_part_count(parts, count, K);
+    if (quantized_parts < 0) return -1;
     if (!ember_bf16_prompts_ready()) return -3;
     if (M == 0 || count == 0) return 0;
     uint16_t *xb = NULL;

@@ -713,6 +713,20 @@ static int valid_part(const EmberWeightPart *part, int64_t K) {
            K % (QK * FORMATS[part->wtype].blocks) == 0 && (part->rows == 0 || part->w != NULL);
 }
 
+/* The quantized parts among `parts` (16-bit ones are not), or -1 where a part is not valid. */
+static int32_t quantized_part_count(const EmberWeightPart *parts, int32_t count, int64_t K) {
+    int32_t quantized = 0;
+    for (int32_t p = 0; p < count; p++) {
+        if (ember_is_16bit(parts[p].wtype)) {
+            if (parts[p].rows < 0 || (parts[p].rows > 0 && !parts[p].w)) return -1;
+            continue;
+        }
+        if (K % QK != 0 || !valid_part(&parts[p], K)) return -1;
+        quantized++;
+    }
+    return quantized;
+}
+
 /* One part's rows of y (columns [column, column + rows)), x quantized already. */
 static void matmul_part(const EmberWeightPart *part, const struct quantized_x *x, int64_t rows, int32_t passes,
                         float *y, int64_t ldy) {
@@ -740,15 +754,8 @@ EMBER_EXPORT int ember_matmul_parts(const float *x, int64_t M, int64_t K, int64_
                                     int32_t count, float *y, int64_t ldy, int32_t passes, float second_pass_threshold) {
     if (K <= 0 || M < 0 || count < 0 || (count > 0 && !parts)) return -1;
     if ((passes != 1 && passes != 2) || !(second_pass_threshold >= 0.0f)) return -1;
-    int32_t quantized_parts = 0;
-    for (int32_t p = 0; p < count; p++) {
-        if (ember_is_16bit(parts[p].wtype)) {
-            if (parts[p].rows < 0 || (parts[p].rows > 0 && !parts[p].w)) return -1;
-            continue;
-        }
-        if (K % QK != 0 || !valid_part(&parts[p], K)) return -1;
-        quantized_parts++;
-    }
+    const int32_t quantized_parts = quantized_part_count(parts, count, K);
+    if (quantized_parts < 0) return -1;
     if (M == 0 || count == 0) return 0;
     const int64_t nb = K / QK, rows = M * passes;
     int8_t *xq = NULL, *xt = NULL;

@@ -4,8 +4,9 @@ is a directory holding one; --override-generation-config's JSON goes on top. A r
 Python API's call without SamplingParams) gets a default for each field it leaves out."""
 from __future__ import annotations
 
-import json
 import os
+
+from ember_cupy.json_file import read_json_object
 
 # generation_config.json's names -> SamplingParams' (vLLM reads the same ones)
 FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
@@ -30,10 +31,6 @@ def _read(directory: str, required: bool) -> dict:
             raise ValueError(f"generation config: {path} does not exist")
         return {}
     try:
-        with open(path, encoding="utf-8") as f:
-            found = json.load(f)
-    except (OSError, json.JSONDecodeError) as exc:
+        return read_json_object(path)
+    except OSError as exc:
         raise ValueError(f"generation config {path}: {exc}") from None
-    if not isinstance(found, dict):
-        raise ValueError(f"generation config {path}: not a JSON object")
-    return found
