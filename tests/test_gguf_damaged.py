@@ -12,6 +12,7 @@ import pytest
 
 from ember_cupy.gguf_file import GGUFFile
 from ember_cupy.model.loader import default_model_path
+from tiny_gguf import write_out
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -92,10 +93,7 @@ def _rewritten(source: str, out: str, edit) -> str:
             writer.add_tensor(tensor.name, np.frombuffer(tensor.data.tobytes(), np.float32).reshape(shape))
         else:
             writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
     return out
 
 

@@ -10,6 +10,7 @@ import pytest
 from ember_cupy import LLM, SamplingParams
 from ember_cupy.model.loader import default_model_path
 from ember_cupy.packed_weight import PackedWeight
+from tiny_gguf import write_out
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 
@@ -32,10 +33,7 @@ def q5_1_gguf(tmp_path_factory):
             writer.add_tensor(tensor.name, data, raw_dtype=gguf.GGMLQuantizationType.Q5_1)
         else:
             writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
     return dst
 
 

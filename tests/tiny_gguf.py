@@ -72,11 +72,16 @@ def write_tiny_gguf(path, weights: dict[str, np.ndarray], config: dict, *, pre: 
             writer.add_tensor(name, tensor)
     if rope_freqs is not None:
         writer.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, np.float32))
+    write_out(writer)
+    return str(path)
+
+
+def write_out(writer) -> None:
+    """A gguf.GGUFWriter's header, metadata and tensors to its file, closed."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return str(path)
 
 
 def _add_vocabulary(writer, pre: str) -> None:
