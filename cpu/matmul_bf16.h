@@ -162,8 +162,9 @@ static void bf16_band(const struct bf16_job *j, int64_t m, const uint16_t *tiles
 #define BF16_VECTOR_ROWS 12             /* rows of x a pass: with two pairs, 24 registers of sums */
 
 /* R rows of x from m against two pairs' blocks (tiles0, tiles1: nb x 16 dword rows each), into
- * y's 32 columns from n0 (fewer at the matrix's edge; `pairs` 1: tiles0 alone). Each broadcast
- * pair of x serves both pairs' rows; R a constant: the sums stay in registers. */
+ * y's 32 columns from n0 (fewer at the matrix's edge, where a lone last pair's second copy
+ * stores nothing). Each broadcast pair of x serves both pairs' rows; R a constant: the sums stay
+ * in registers. */
 static inline __attribute__((always_inline)) void bf16_vector_rows(const struct bf16_job *j, int64_t m, const int R,
                                                                    const uint16_t *tiles0, const uint16_t *tiles1,
                                                                    int64_t n0) {
