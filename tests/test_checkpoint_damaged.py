@@ -43,7 +43,17 @@ def _reshape_q(folder):
     save_file(tensors, path)
 
 
+def _header_a_list(folder):
+    path = _safetensors(folder)
+    data = open(path, "rb").read()
+    header = b"[1, 2]"
+    rest = data[8 + int.from_bytes(data[:8], "little"):]
+    with open(path, "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header + rest)
+
+
 DAMAGE = {
+    "safetensors header not an object": (_header_a_list, r"model.safetensors: a damaged safetensors header"),
     "safetensors cut in its data": (lambda d: _cut(_safetensors(d), os.path.getsize(_safetensors(d)) // 2),
                                     r"model.safetensors: tensor .* lies beyond the end of the file .*cut short"),
     "safetensors cut in its header": (lambda d: _cut(_safetensors(d), 20),

@@ -67,4 +67,3 @@ class BackgroundLoad:
 
     def result(self):
         return self._future.result()
-

@@ -235,6 +235,8 @@ def _safetensors_header(file: str) -> tuple[dict, int]:
             entries = json.loads(f.read(size))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"{file}: a damaged safetensors header ({exc})") from None
+    if not isinstance(entries, dict):
+        raise ValueError(f"{file}: a damaged safetensors header (not a JSON object)")
     data_bytes = file_bytes - 8 - size
     for name, entry in entries.items():
         if name != "__metadata__" and not _inside(entry, data_bytes):
