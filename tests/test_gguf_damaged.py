@@ -67,6 +67,7 @@ def test_serve_on_a_cut_short_file_says_so_and_exits_non_zero(tmp_path):
                           env={**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")})
     assert done.returncode != 0
     assert "cut.gguf: the file ends inside its GGUF header" in done.stderr and "struct.error" not in done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.count("the file ends inside its GGUF header") == 1
 
 
 def _rewritten(source: str, out: str, edit) -> str:

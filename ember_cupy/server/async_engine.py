@@ -145,7 +145,10 @@ class AsyncEngine:
             try:
                 self.engine = await asyncio.get_running_loop().run_in_executor(self._executor, self._factory)
             except Exception as exc:
-                self._die(exc, "loading the model failed")
+                # a ValueError or OSError is the file's fault and its message says what is wrong
+                # (cut short, missing, unsupported): a traceback would only bury it
+                self._die(exc, "loading the model failed",
+                          traceback=not isinstance(exc, (ValueError, OSError)))
                 raise
         if self.max_waiting is None:
             self.max_waiting = getattr(self.engine.config, "max_waiting", None)
@@ -428,10 +431,10 @@ class AsyncEngine:
                                  info.enable_prefix_caching)
         metrics.watch(lambda: self.scheduler_stats, lambda: self.state is EngineState.READY)
 
-    def _die(self, exc: BaseException, what: str) -> None:
-        log.exception("%s: %s", what, exc, exc_info=exc)
+    def _die(self, exc: BaseException, what: str, traceback: bool = True) -> None:
         self.state = EngineState.DEAD
-        self.error = one_line(f"{what}: {type(exc).__name__}: {exc}")   # the log has the traceback
+        self.error = one_line(f"{what}: {type(exc).__name__}: {exc}")
+        log.error("%s", self.error, exc_info=exc if traceback else None)
         error = EngineDeadError(self.error)
         for stream in self._streams.values():
             stream._put(error)

@@ -82,7 +82,7 @@ async def serve(engine: AsyncEngine | None, settings: ServerSettings, on_listeni
     done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     status = 0
     if start is not None and start in done and engine is not None and engine.state is EngineState.DEAD:
-        log.error("%s", engine.error)
+        log.error("exiting: the engine did not load (logged above)")
         status = 1
     else:
         if start in done:

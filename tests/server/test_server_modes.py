@@ -175,3 +175,19 @@ def test_failed_load_reports_dead():
         assert status == 503 and "nowhere.gguf" in _error(raw)["message"]
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("error, traceback", [(ValueError("model.gguf: the file ends inside its GGUF header"), False),
+                                              (FileNotFoundError("no such model: /nowhere.gguf"), False),
+                                              (RuntimeError("a bug in the loader"), True)])
+def test_failed_load_logs_the_files_fault_without_a_traceback(error, traceback, caplog):
+    """A bad file's ValueError / OSError already says what is wrong: its log line stands alone. Any
+    other exception is a bug, logged with its traceback."""
+    def factory():
+        raise error
+
+    engine = AsyncEngine(factory=factory)
+    with caplog.at_level("ERROR", logger="ember_cupy.server"), pytest.raises(type(error)):
+        asyncio.run(engine.start())
+    [record] = [r for r in caplog.records if "loading the model failed" in r.getMessage()]
+    assert str(error) in record.getMessage() and (record.exc_info is not None) == traceback
