@@ -132,3 +132,17 @@ def test_a_kv_cache_too_small_for_a_minimal_context_is_refused(checkpoint):
     assert engine.max_model_len == 256
     # a context asked to be shorter than the minimum only needs that much
     assert LLMEngine(checkpoint, EngineConfig(kv_cache_memory=4 * block, max_model_len=64)).max_model_len == 64
+
+
+def test_a_kv_cache_larger_than_the_machine_is_refused_at_start(checkpoint):
+    """The host pool is a lazy mapping: more than the machine has used to be granted at start
+    (30 GiB on a 24 GB machine served until the OOM killer came) or failed as a bare ENOMEM."""
+    from ember_cupy.host_memory import memory_limit
+    limit = memory_limit()
+    assert limit is not None and limit > 1 << 28          # Linux says: sysconf, cgroup
+    for asked in (limit + (1 << 30), 99 << 40):
+        with pytest.raises(ValueError, match=r"kv_cache_memory \(--kv-cache-memory\) asks for .* GiB"):
+            LLMEngine(checkpoint, EngineConfig(kv_cache_memory=asked))
+    block = LLMEngine(checkpoint, EngineConfig(num_kv_blocks=1)).runner.block_bytes
+    with pytest.raises(ValueError, match="num_kv_blocks="):
+        LLMEngine(checkpoint, EngineConfig(num_kv_blocks=limit // block + 1))

@@ -24,7 +24,7 @@ def engine_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--block-size", type=int, default=16, help="tokens per KV-cache block")
     add_flag(g, "--kv-cache-memory", "--kv-cache-memory-bytes", type=parse_size, default=1 << 30,
              help="bytes for the KV cache on the CPU, e.g. 512MiB; refused below 256 tokens' worth "
-                  "(or --max-model-len's)")
+                  "(or --max-model-len's) and above the machine's (or its container's) memory")
     add_flag(g, "--num-kv-blocks", "--num-gpu-blocks-override", type=int, default=None,
              help="KV blocks (overrides --kv-cache-memory and --gpu-memory-utilization)")
     add_flag(g, "--gpu-memory-utilization", type=float, default=0.9,

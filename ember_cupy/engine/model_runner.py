@@ -17,6 +17,7 @@ from ember_cupy.model.weight_cache import WeightCache, size_bound
 from ember_cupy.ops import _host
 from ember_cupy.engine.step_buffers import StepBuffers
 from ember_cupy.engine.warmup import warm_up
+from ember_cupy.host_memory import check_fits_in_memory
 from ember_cupy.ops.cache import resolve_kv_cache_dtype
 from ember_cupy.quant import ActivationQuantization
 
@@ -142,6 +143,9 @@ class ModelRunner:
         self.num_blocks = num_blocks
         shape = (num_blocks, self.config.block_size, self.model_config.num_kv_heads, self.model_config.head_dim)
         zeros = lazily_zeroed if self.xp is np else self.xp.zeros
+        if self.xp is np:
+            check_fits_in_memory(num_blocks * self.block_bytes, f"num_kv_blocks={num_blocks}"
+                                 if self.config.num_kv_blocks else "kv_cache_memory (--kv-cache-memory)")
         self.kv_caches = [(zeros(shape, self.kv_dtype), zeros(shape, self.kv_dtype))
                           for _ in range(self.model_config.num_layers)]
         if self.xp is not np:
@@ -278,3 +282,4 @@ class StepLogits:
     sampling_seqs: list[Sequence]
     prompt_logits: list[tuple[Sequence, int, object]]   # (seq, first position, [rows, vocab])
     pooled_hidden: list[tuple[Sequence, object]] = field(default_factory=list)   # (seq, [hidden])
+
