@@ -107,8 +107,9 @@ def _async_engine(args, name: str, model: str | None = None, progress: bool = Tr
 
 def _router_app(args, settings):
     """Every model of --models-dir behind one address, each loaded on its first request."""
+    from ember_cupy.host_memory import memory_limit
     from ember_cupy.server.api import build_app
-    from ember_cupy.server.model_pool import ModelPool, discover_models, total_memory_bytes
+    from ember_cupy.server.model_pool import ModelPool, discover_models
     from ember_cupy.server.model_router import build_router_app
 
     def make_app(name: str, path: str):
@@ -116,6 +117,6 @@ def _router_app(args, settings):
         return engine, build_app(engine, server_settings(args, [name]))
 
     pool = ModelPool(discover_models(args.models_dir), make_app, models_max=args.models_max,
-                     idle_ttl=args.models_idle_ttl, memory_budget=args.models_memory or total_memory_bytes(),
+                     idle_ttl=args.models_idle_ttl, memory_budget=args.models_memory or memory_limit(),
                      kv_bytes=args.kv_cache_memory)
     return build_router_app(pool, settings)

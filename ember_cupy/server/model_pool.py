@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,9 +192,3 @@ class ModelPool:
                  "parent": None, "status": {"value": m.status, **({"error": m.error} if m.error else {})}}
                 for m in self.models.values()]
 
-
-def total_memory_bytes() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
