@@ -5,6 +5,8 @@ import dataclasses
 import itertools
 from typing import Sequence as Seq
 
+import numpy as np
+
 from ember_cupy import tool_calls
 from ember_cupy.config import EngineConfig
 from ember_cupy.engine.llm_engine import LLMEngine
@@ -35,7 +37,8 @@ class LLM:
                  *, priorities: Seq[int] | None = None, add_special_tokens: bool = True) -> list[RequestOutput]:
         """Run all prompts to completion, batched continuously; outputs in prompt order.
 
-        prompts: a string, a list of token ids, or a list of either.
+        prompts: a string, a list of token ids, or a list of either; each may also be given as
+        vLLM's {"prompt": text} or {"prompt_token_ids": ids}.
         add_special_tokens: whether string prompts get the model's BOS; False for prompts already
         rendered by a chat template (chat() passes it).
         """
@@ -63,7 +66,10 @@ class LLM:
         tools / tool_choice / parallel_tool_calls: OpenAI's (ember_cupy/tool_calls.py); a
         completion that called functions has finish_reason "tool_calls" and its `tool_calls`
         (ToolCall: id, name, arguments as JSON text)."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts (one "
+                             "conversation) or a list of such lists")
+        conversations = [messages] if isinstance(messages[0], dict) else messages
         spec = tool_calls.parse_tools(tools, tool_choice, parallel_tool_calls)
         params = tool_calls.constrain(params or SamplingParams(**self.engine.sampling_defaults), spec,
                                       tool_calls.template_supports_tools(self.tokenizer))
@@ -105,20 +111,56 @@ class LLM:
 
     @staticmethod
     def _as_prompt_list(prompts) -> list:
-        if isinstance(prompts, str):
-            return [prompts]
-        if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts):
-            return [list(prompts)]
-        if isinstance(prompts, (list, tuple)) and prompts:
-            return list(prompts)
-        raise ValueError("prompts must be a string, a list of token ids, or a non-empty list of them")
+        """prompts as a list of strings and token-id lists. Each may also be one of vLLM's prompt
+        dicts: {"prompt": text} (TextPrompt) or {"prompt_token_ids": ids} (TokensPrompt)."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        elif _token_ids(prompts) is not None:
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError("prompts must be a string, a list of token ids, or a non-empty list of them")
+        return [_one_prompt(prompt, index) for index, prompt in enumerate(prompts)]
 
     def _as_params_list(self, params, count: int) -> list[SamplingParams]:
         if params is None:
             return [SamplingParams(**self.engine.sampling_defaults)] * count
         if isinstance(params, SamplingParams):
             return [params] * count
-        params = list(params)
+        if not isinstance(params, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in params):
+            raise ValueError(f"params must be a SamplingParams or a list of them, got {type(params).__name__}"
+                             + (" (SamplingParams(**that_dict) makes one)" if isinstance(params, dict) else ""))
         if len(params) != count:
             raise ValueError(f"got {len(params)} SamplingParams for {count} prompts")
-        return params
+        return list(params)
+
+
+def _one_prompt(prompt, index: int):
+    """A string or a list of token ids, given as such or in a vLLM prompt dict."""
+    if isinstance(prompt, dict):
+        prompt = _from_prompt_dict(prompt, index)
+    if isinstance(prompt, str):
+        return prompt
+    token_ids = _token_ids(prompt)
+    if token_ids is not None:
+        return token_ids
+    raise ValueError(f"prompts[{index}] must be a string or a non-empty list of token ids (ints), "
+                     f"got {type(prompt).__name__}")
+
+
+def _token_ids(value) -> list[int] | None:
+    """value as a list of Python ints when it is a non-empty list or tuple of integers (NumPy's
+    too, not bools), else None."""
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in value):
+        return [int(t) for t in value]
+    return None
+
+
+def _from_prompt_dict(prompt: dict, index: int):
+    """{"prompt": text} (vLLM's TextPrompt) or {"prompt_token_ids": ids} (TokensPrompt)."""
+    if list(prompt) == ["prompt"] and isinstance(prompt["prompt"], str):
+        return prompt["prompt"]
+    if list(prompt) == ["prompt_token_ids"] and isinstance(prompt["prompt_token_ids"], (list, tuple)):
+        return prompt["prompt_token_ids"]
+    raise ValueError(f"prompts[{index}]: a prompt dict holds one key, 'prompt' (a string) or "
+                     f"'prompt_token_ids' (a list of token ids); got {sorted(map(str, prompt))}")

@@ -1,0 +1,60 @@
+"""LLM (the Python API): what generate() / embed() / chat() accept as prompts and parameters: the
+forms vLLM's LLM takes (strings, token-id lists, {"prompt"} and {"prompt_token_ids"} dicts), and a
+ValueError naming the mistake for anything else, on the real model."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember_cupy import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=4, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoint):
+    from ember_cupy import LLM
+    return LLM(checkpoint, max_model_len=512)
+
+
+def _texts(outputs) -> list[str]:
+    return [o.outputs[0].text for o in outputs]
+
+
+def test_vllm_prompt_dicts_give_what_their_contents_give(llm):
+    ids = llm.tokenizer.encode("The capital of France is")
+    plain = _texts(llm.generate(["The capital of France is", ids], GREEDY))
+    assert _texts(llm.generate([{"prompt": "The capital of France is"}, {"prompt_token_ids": ids}], GREEDY)) == plain
+    assert _texts(llm.generate({"prompt_token_ids": ids}, GREEDY)) == plain[1:]
+    assert _texts(llm.generate(np.array(ids, np.int64).tolist(), GREEDY)) == plain[1:]
+    assert _texts(llm.generate([list(np.array(ids, np.int32))], GREEDY)) == plain[1:]   # NumPy ints
+    [embedded] = llm.embed({"prompt": "Hello"})
+    assert np.allclose(embedded.embedding, llm.embed("Hello")[0].embedding)
+
+
+@pytest.mark.parametrize("prompts, message", [
+    ({"prompt": "a", "extra": 1}, r"a prompt dict holds one key.*\['extra', 'prompt'\]"),
+    ({"prompt_token_ids": "abc"}, "a prompt dict holds one key"),
+    ({"text": "a"}, "a prompt dict holds one key"),
+    ([[1.5, 2]], r"prompts\[0\] must be a string or a non-empty list of token ids"),
+    (["ok", None], r"prompts\[1\] must be a string"),
+    ([[True, False]], r"prompts\[0\] must be"),
+    ([], "prompts must be a string, a list of token ids, or a non-empty list"),
+])
+def test_prompts_of_no_known_form_are_value_errors(llm, prompts, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate(prompts, GREEDY)
+
+
+def test_parameters_that_are_not_sampling_params_are_value_errors(llm):
+    with pytest.raises(ValueError, match=r"params must be a SamplingParams .* got dict \(SamplingParams\(\*\*that_dict\)"):
+        llm.generate("Hi", {"max_tokens": 2})      # was: AttributeError inside the engine
+    with pytest.raises(ValueError, match="params must be a SamplingParams or a list of them, got list"):
+        llm.generate(["Hi", "Yo"], [GREEDY, "greedy"])
+    assert not llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("messages", [[], "hello", None])
+def test_chat_without_a_conversation_is_a_value_error(llm, messages):
+    with pytest.raises(ValueError, match="messages must be a non-empty list"):
+        llm.chat(messages, GREEDY)
