@@ -113,10 +113,8 @@ class LLM:
     def _as_prompt_list(prompts) -> list:
         """prompts as a list of strings and token-id lists. Each may also be one of vLLM's prompt
         dicts: {"prompt": text} (TextPrompt) or {"prompt_token_ids": ids} (TokensPrompt)."""
-        if isinstance(prompts, (str, dict)):
-            prompts = [prompts]
-        elif _token_ids(prompts) is not None:
-            prompts = [prompts]
+        if isinstance(prompts, (str, dict)) or _token_ids(prompts) is not None:
+            prompts = [prompts]     # one prompt
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError("prompts must be a string, a list of token ids, or a non-empty list of them")
         return [_one_prompt(prompt, index) for index, prompt in enumerate(prompts)]

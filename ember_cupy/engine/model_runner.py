@@ -282,4 +282,3 @@ class StepLogits:
     sampling_seqs: list[Sequence]
     prompt_logits: list[tuple[Sequence, int, object]]   # (seq, first position, [rows, vocab])
     pooled_hidden: list[tuple[Sequence, object]] = field(default_factory=list)   # (seq, [hidden])
-
