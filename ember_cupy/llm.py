@@ -33,23 +33,34 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
-    def generate(self, prompts, params: SamplingParams | Seq[SamplingParams] | None = None,
-                 *, priorities: Seq[int] | None = None, add_special_tokens: bool = True) -> list[RequestOutput]:
-        """Run all prompts to completion, batched continuously; outputs in prompt order.
+    def generate(self, prompts, sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+                 *, use_tqdm: bool = True, lora_request=None, priority: Seq[int] | None = None,
+                 add_special_tokens: bool = True) -> list[RequestOutput]:
+        """Run all prompts to completion, batched continuously; outputs in prompt order. The
+        signature is vLLM's LLM.generate, so its scripts run as they are.
 
         prompts: a string, a list of token ids, or a list of either; each may also be given as
         vLLM's {"prompt": text} or {"prompt_token_ids": ids}.
+        sampling_params: one for every prompt, or one per prompt (default: the model's).
+        use_tqdm: taken for vLLM's callers; ember-cupy draws no progress bar.
+        lora_request: LoRA adapters are not supported: anything but None is a ValueError.
+        priority: one per prompt, under the priority scheduling policy (lower runs first).
         add_special_tokens: whether string prompts get the model's BOS; False for prompts already
         rendered by a chat template (chat() passes it).
         """
+        _refuse_lora(lora_request)
         prompts = self._as_prompt_list(prompts)
-        params_list = self._as_params_list(params, len(prompts))
+        params_list = self._as_params_list(sampling_params, len(prompts))
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts")
+        if priority and any(priority) and self.engine.config.policy != "priority":   # as vLLM and the server
+            raise ValueError(f"priority needs the priority scheduling policy (policy='priority'); "
+                             f"this LLM runs with '{self.engine.config.policy}'")
         request_ids = []
         try:
             for index, (prompt, sampling) in enumerate(zip(prompts, params_list)):
                 request_id = f"offline-{next(self._ids)}"
-                priority = priorities[index] if priorities else 0
-                self.engine.add_request(request_id, prompt, sampling, priority=priority,
+                self.engine.add_request(request_id, prompt, sampling, priority=priority[index] if priority else 0,
                                         output_kind=OutputKind.FINAL_ONLY, add_special_tokens=add_special_tokens)
                 request_ids.append(request_id)
             return self._run(request_ids)
@@ -58,10 +69,13 @@ class LLM:
                 self.engine.abort(request_id)
             raise
 
-    def chat(self, messages, params: SamplingParams | None = None, add_generation_prompt: bool = True,
-             *, tools: list[dict] | None = None, tool_choice=None, parallel_tool_calls: bool = True,
+    def chat(self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
+             lora_request=None, *, add_generation_prompt: bool = True, tools: list[dict] | None = None,
+             tool_choice=None, parallel_tool_calls: bool = True,
              chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
-        """messages: one conversation (list of {"role", "content"}) or a list of them.
+        """messages: one conversation (list of {"role", "content"}) or a list of them. The other
+        arguments are vLLM's LLM.chat's of the same names (use_tqdm and lora_request as for
+        generate()).
 
         tools / tool_choice / parallel_tool_calls: OpenAI's (ember_cupy/tool_calls.py); a
         completion that called functions has finish_reason "tool_calls" and its `tool_calls`
@@ -70,8 +84,11 @@ class LLM:
             raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts (one "
                              "conversation) or a list of such lists")
         conversations = [messages] if isinstance(messages[0], dict) else messages
+        _refuse_lora(lora_request)
+        if sampling_params is not None and not isinstance(sampling_params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(sampling_params).__name__}")
         spec = tool_calls.parse_tools(tools, tool_choice, parallel_tool_calls)
-        params = tool_calls.constrain(params or SamplingParams(**self.engine.sampling_defaults), spec,
+        params = tool_calls.constrain(sampling_params or SamplingParams(**self.engine.sampling_defaults), spec,
                                       tool_calls.template_supports_tools(self.tokenizer))
         prompts = [tool_calls.render_chat(self.tokenizer, c, spec, add_generation_prompt,
                                           **(chat_template_kwargs or {})) for c in conversations]
@@ -86,15 +103,19 @@ class LLM:
                         completion.finish_reason = "tool_calls"
         return outputs
 
-    def embed(self, prompts, params: PoolingParams | None = None) -> list[RequestOutput]:
+    def embed(self, prompts, pooling_params: PoolingParams | None = None, *, use_tqdm: bool = True,
+              lora_request=None) -> list[RequestOutput]:
         """Embeddings (RequestOutput.embedding: the L2-normalised final hidden state of each
         prompt's last token, ember_cupy/engine/pooling.py), in prompt order, batched continuously
-        through the same scheduler as generate(). prompts: as for generate()."""
+        through the same scheduler as generate(). prompts, use_tqdm, lora_request: as for generate()."""
+        _refuse_lora(lora_request)
+        if pooling_params is not None and not isinstance(pooling_params, PoolingParams):
+            raise ValueError(f"pooling_params must be a PoolingParams, got {type(pooling_params).__name__}")
         request_ids = []
         try:
             for prompt in self._as_prompt_list(prompts):
                 request_ids.append(f"offline-embed-{next(self._ids)}")
-                self.engine.add_request(request_ids[-1], prompt, params or PoolingParams())
+                self.engine.add_request(request_ids[-1], prompt, pooling_params or PoolingParams())
             return self._run(request_ids)
         except BaseException:
             for request_id in request_ids:
@@ -125,11 +146,16 @@ class LLM:
         if isinstance(params, SamplingParams):
             return [params] * count
         if not isinstance(params, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in params):
-            raise ValueError(f"params must be a SamplingParams or a list of them, got {type(params).__name__}"
+            raise ValueError(f"sampling_params must be a SamplingParams or a list of them, got {type(params).__name__}"
                              + (" (SamplingParams(**that_dict) makes one)" if isinstance(params, dict) else ""))
         if len(params) != count:
             raise ValueError(f"got {len(params)} SamplingParams for {count} prompts")
         return list(params)
+
+
+def _refuse_lora(lora_request) -> None:
+    if lora_request is not None:
+        raise ValueError("LoRA adapters are not supported: lora_request must be None")
 
 
 def _one_prompt(prompt, index: int):

@@ -47,9 +47,9 @@ def test_prompts_of_no_known_form_are_value_errors(llm, prompts, message):
 
 
 def test_parameters_that_are_not_sampling_params_are_value_errors(llm):
-    with pytest.raises(ValueError, match=r"params must be a SamplingParams .* got dict \(SamplingParams\(\*\*that_dict\)"):
+    with pytest.raises(ValueError, match=r"sampling_params must be a SamplingParams .* got dict \(SamplingParams\(\*\*that_dict\)"):
         llm.generate("Hi", {"max_tokens": 2})      # was: AttributeError inside the engine
-    with pytest.raises(ValueError, match="params must be a SamplingParams or a list of them, got list"):
+    with pytest.raises(ValueError, match="sampling_params must be a SamplingParams or a list of them, got list"):
         llm.generate(["Hi", "Yo"], [GREEDY, "greedy"])
     assert not llm.engine.has_unfinished_requests()
 
@@ -58,3 +58,35 @@ def test_parameters_that_are_not_sampling_params_are_value_errors(llm):
 def test_chat_without_a_conversation_is_a_value_error(llm, messages):
     with pytest.raises(ValueError, match="messages must be a non-empty list"):
         llm.chat(messages, GREEDY)
+
+
+def test_vllm_scripts_keyword_arguments_work(llm):
+    """vLLM's LLM.generate / chat / embed keywords: sampling_params, use_tqdm, priority,
+    pooling_params; lora_request is refused by name (no adapters here), not a TypeError."""
+    from ember_cupy.engine.pooling import PoolingParams
+    expected = _texts(llm.generate(["Hi", "Yo"], GREEDY))
+    assert _texts(llm.generate(["Hi", "Yo"], sampling_params=GREEDY, use_tqdm=False, priority=[0, 0])) == expected
+    chat = [{"role": "user", "content": "Say hi."}]
+    assert _texts(llm.chat(chat, sampling_params=GREEDY, use_tqdm=False)) == _texts(llm.chat(chat, GREEDY))
+    [vector] = llm.embed(["Hello"], pooling_params=PoolingParams(), use_tqdm=False)
+    assert np.allclose(vector.embedding, llm.embed("Hello")[0].embedding)
+    for call in (lambda: llm.generate("Hi", GREEDY, lora_request=object()),
+                 lambda: llm.chat(chat, GREEDY, lora_request=object()),
+                 lambda: llm.embed("Hi", lora_request=object())):
+        with pytest.raises(ValueError, match="LoRA adapters are not supported"):
+            call()
+    with pytest.raises(ValueError, match="priority needs the priority scheduling policy"):
+        llm.generate(["Hi", "Yo"], GREEDY, priority=[1, 0])
+    with pytest.raises(ValueError, match="got 1 priorities for 2 prompts"):
+        llm.generate(["Hi", "Yo"], GREEDY, priority=[0])
+    with pytest.raises(ValueError, match="pooling_params must be a PoolingParams, got SamplingParams"):
+        llm.embed("Hi", GREEDY)                  # was: a generation request, its embedding None
+    with pytest.raises(ValueError, match="sampling_params must be a SamplingParams, got dict"):
+        llm.chat(chat, {"max_tokens": 2})
+
+
+def test_priority_orders_the_prompts_under_the_priority_policy(checkpoint):
+    from ember_cupy import LLM
+    llm = LLM(checkpoint, max_model_len=512, policy="priority", max_num_seqs=1)
+    late, early = llm.generate(["Hi", "Yo"], GREEDY, priority=[5, 0])     # lower runs first
+    assert early.metrics.finished_time < late.metrics.first_scheduled_time
