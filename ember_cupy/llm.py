@@ -13,6 +13,7 @@ from ember_cupy.engine.llm_engine import LLMEngine
 from ember_cupy.engine.pooling import PoolingParams
 from ember_cupy.outputs import OutputKind, RequestOutput
 from ember_cupy.sampling_params import SamplingParams
+from ember_cupy.vllm_compat import NO_EFFECT, PARALLEL_SIZES, check_parallel_size
 
 
 class LLM:
@@ -23,6 +24,10 @@ class LLM:
     server's short CPU steps, EngineConfig.max_num_prefill_tokens, cost a batch of prompts ~35%)."""
 
     def __init__(self, model: str | None = None, config: EngineConfig | None = None, **config_fields):
+        """config_fields: EngineConfig's fields; vLLM's engine arguments are taken too, with no
+        effect where they mean nothing here (ember_cupy/vllm_compat.py: enforce_eager,
+        trust_remote_code, ...); tensor/pipeline_parallel_size must be 1, tokenizer the model."""
+        config_fields = _without_vllm_arguments(model, config_fields)
         if config is not None and config_fields:
             raise ValueError("pass either config or individual EngineConfig fields, not both")
         if config is None:
@@ -151,6 +156,16 @@ class LLM:
         if len(params) != count:
             raise ValueError(f"got {len(params)} SamplingParams for {count} prompts")
         return list(params)
+
+
+def _without_vllm_arguments(model, fields: dict) -> dict:
+    """fields less vLLM's arguments that change nothing here; ValueError for those that would."""
+    for name in PARALLEL_SIZES:
+        check_parallel_size(name, fields.pop(name, 1))
+    tokenizer = fields.pop("tokenizer", None)
+    if tokenizer is not None and tokenizer != model:
+        raise ValueError(f"tokenizer {tokenizer!r}: only the model's own tokenizer can be used")
+    return {name: value for name, value in fields.items() if name not in NO_EFFECT}
 
 
 def _refuse_lora(lora_request) -> None:

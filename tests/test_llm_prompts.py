@@ -90,3 +90,16 @@ def test_priority_orders_the_prompts_under_the_priority_policy(checkpoint):
     llm = LLM(checkpoint, max_model_len=512, policy="priority", max_num_seqs=1)
     late, early = llm.generate(["Hi", "Yo"], GREEDY, priority=[5, 0])     # lower runs first
     assert early.metrics.finished_time < late.metrics.first_scheduled_time
+
+
+def test_vllm_engine_arguments_are_taken_or_refused_by_name(checkpoint):
+    from ember_cupy import LLM
+    llm = LLM(checkpoint, max_model_len=512, enforce_eager=True, trust_remote_code=True, swap_space=4,
+              tensor_parallel_size=1, tokenizer=None, disable_log_stats=True)
+    assert llm.engine.max_model_len == 512 and _texts(llm.generate("Hi", GREEDY))[0]
+    with pytest.raises(ValueError, match="tensor_parallel_size 2: ember-cupy runs a model on one device"):
+        LLM(checkpoint, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="only the model's own tokenizer"):
+        LLM(checkpoint, tokenizer="gpt2")
+    with pytest.raises(TypeError, match="bogus"):      # not vLLM's, not ours: Python's own error
+        LLM(checkpoint, bogus=1)

@@ -11,31 +11,8 @@ import json
 from ember_cupy.chat_template import read_chat_template
 from ember_cupy.generation_config import sampling_defaults
 from ember_cupy.sampling_params import MAX_LOGPROBS, SamplingParams
+from ember_cupy.vllm_compat import NO_EFFECT, PARALLEL_SIZES, check_parallel_size
 
-# flag -> (its value's kind: None for a switch, why it changes nothing here)
-NO_OPS = {
-    "--trust-remote-code": (None, "no model code is run: the architectures are built in"),
-    "--enforce-eager": (None, "no CUDA graphs are captured today"),
-    "--disable-log-requests": (None, "prompts are never logged (the access log has no bodies)"),
-    "--enable-log-requests": (None, "prompts are never logged (the access log has no bodies)"),
-    "--disable-log-stats": (None, "no periodic stats lines are logged; /metrics has them"),
-    "--disable-frontend-multiprocessing": (None, "the server and the engine share one process"),
-    "--disable-uvicorn-access-log": (None, "no uvicorn here: aiohttp's access log is ember's own"),
-    "--enable-prompt-tokens-details": (None, "usage.prompt_tokens_details is always sent"),
-    "--enable-request-id-headers": (None, "responses always carry X-Request-Id"),
-    "--enable-chunked-prefill": (None, "prefill is always chunked (--max-num-prefill-tokens)"),
-    "--swap-space": (float, "preempted sequences are recomputed, never swapped"),
-    "--cpu-offload-gb": (float, "weights stay where the backend runs"),
-    "--max-seq-len-to-capture": (int, "no CUDA graphs are captured today"),
-    "--max-cudagraph-capture-size": (int, "no CUDA graphs are captured today"),
-    "--download-dir": (str, "models are local files: nothing is downloaded"),
-    "--hf-token": (str, "models are local files: nothing is downloaded"),
-    "--revision": (str, "models are local files: no hub revision is fetched"),
-    "--tokenizer-revision": (str, "models are local files: no hub revision is fetched"),
-    "--tokenizer-mode": (str, "the model's own tokenizer is always used"),
-    "--distributed-executor-backend": (str, "one process per engine (--data-parallel-backend ray for replicas)"),
-    "--uvicorn-log-level": (str, "no uvicorn here: see --log-level"),
-}
 LOAD_FORMATS = ("auto", "gguf", "safetensors")
 
 
@@ -69,7 +46,8 @@ def vllm_flags(parser, add) -> None:
     add(g, "--load-format", choices=LOAD_FORMATS, default="auto", help="the file's own format is read")
     add(g, "--tokenizer", default=None, help="only the model itself: its tokenizer is the one in the file")
     ignored = parser.add_argument_group("vLLM compatibility (accepted, no effect)")
-    for flag, (kind, why) in NO_OPS.items():
+    for name, (kind, why) in NO_EFFECT.items():
+        flag = "--" + name.replace("_", "-")
         if kind is None:
             ignored.add_argument(flag, action="store_true", help=why)
         else:
@@ -78,11 +56,8 @@ def vllm_flags(parser, add) -> None:
 
 def check_vllm_flags(args) -> None:
     """The refusals, each as one line saying why."""
-    for flag, size in (("--tensor-parallel-size", args.tensor_parallel_size),
-                       ("--pipeline-parallel-size", args.pipeline_parallel_size)):
-        if size != 1:
-            raise ValueError(f"{flag} {size}: ember-cupy runs a model on one device or CPU; for more "
-                             f"throughput run replicas (--data-parallel-size N --data-parallel-backend ray)")
+    for name in PARALLEL_SIZES:
+        check_parallel_size(name, getattr(args, name), "--" + name.replace("_", "-"))
     if not 0 <= args.max_logprobs <= MAX_LOGPROBS:
         raise ValueError(f"--max-logprobs must be in 0..{MAX_LOGPROBS}, got {args.max_logprobs}")
     if args.tokenizer is not None and args.tokenizer not in (args.model, args.model_tag):
