@@ -108,19 +108,23 @@ class LLM:
                         completion.finish_reason = "tool_calls"
         return outputs
 
-    def embed(self, prompts, pooling_params: PoolingParams | None = None, *, use_tqdm: bool = True,
-              lora_request=None) -> list[RequestOutput]:
+    def embed(self, prompts, pooling_params: PoolingParams | None = None, *, truncate_prompt_tokens: int | None = None,
+              use_tqdm: bool = True, lora_request=None) -> list[RequestOutput]:
         """Embeddings (RequestOutput.embedding: the L2-normalised final hidden state of each
         prompt's last token, ember_cupy/engine/pooling.py), in prompt order, batched continuously
-        through the same scheduler as generate(). prompts, use_tqdm, lora_request: as for generate()."""
+        through the same scheduler as generate(). prompts, use_tqdm, lora_request: as for generate();
+        truncate_prompt_tokens: PoolingParams' (an input's last k tokens, -1: what the context holds)."""
         _refuse_lora(lora_request)
         if pooling_params is not None and not isinstance(pooling_params, PoolingParams):
             raise ValueError(f"pooling_params must be a PoolingParams, got {type(pooling_params).__name__}")
+        pooling_params = pooling_params or PoolingParams()
+        if truncate_prompt_tokens is not None:
+            pooling_params = dataclasses.replace(pooling_params, truncate_prompt_tokens=truncate_prompt_tokens)
         request_ids = []
         try:
             for prompt in self._as_prompt_list(prompts):
                 request_ids.append(f"offline-embed-{next(self._ids)}")
-                self.engine.add_request(request_ids[-1], prompt, pooling_params or PoolingParams())
+                self.engine.add_request(request_ids[-1], prompt, pooling_params)
             return self._run(request_ids)
         except BaseException:
             for request_id in request_ids:

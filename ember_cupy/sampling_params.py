@@ -18,6 +18,22 @@ MIN_REPETITION_PENALTY = 0.01
 MAX_REPETITION_PENALTY = 10.0
 
 
+def check_truncate_prompt_tokens(value, owner: str) -> None:
+    require(value is None or (type(value) is int and (value == -1 or value >= 1)),
+            f"{owner}.truncate_prompt_tokens must be -1 (keep all that fits) or an integer >= 1, got {value!r}")
+
+
+def truncate_prompt(token_ids: list[int], params, max_model_len: int) -> list[int]:
+    """vLLM's truncate_prompt_tokens of `params` (SamplingParams or PoolingParams): the prompt's
+    last k tokens (left truncation); -1: as many as leave the context room for params.output_room
+    tokens; None: all of them."""
+    keep = params.truncate_prompt_tokens
+    if keep is None:
+        return token_ids
+    keep = max(1, max_model_len - params.output_room) if keep == -1 else keep
+    return token_ids[-keep:] if len(token_ids) > keep else token_ids
+
+
 def _as_tuple(value, name: str, item_type) -> tuple:
     if value is None:
         return ()
@@ -49,6 +65,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # keep only the prompt's last k tokens (-1: as many as leave room for max_tokens, or one
+    # token); None: the whole prompt, refused when too long (vLLM's)
+    truncate_prompt_tokens: int | None = None
     # constrained decoding: a JSON schema, any JSON object, a regex, a choice or a grammar (a
     # StructuredOutputsParams or a dict of its fields); vLLM's name
     structured_outputs: StructuredOutputsParams | None = None
@@ -92,6 +111,7 @@ class SamplingParams:
             value = getattr(self, name)
             require(value is None or (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS),
                     f"SamplingParams.{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
+        check_truncate_prompt_tokens(self.truncate_prompt_tokens, "SamplingParams")
         require(isinstance(self.speculative, bool),
                 f"SamplingParams.speculative must be True or False, got {self.speculative!r}")
         self._validate_logit_bias()
@@ -111,6 +131,11 @@ class SamplingParams:
                     f"SamplingParams.logit_bias values must be in [-100, 100], got {value}")
             bias[token_id] = value
         object.__setattr__(self, "logit_bias", bias)
+
+    @property
+    def output_room(self) -> int:
+        """Context tokens the output needs after the prompt (what truncate_prompt_tokens=-1 leaves)."""
+        return self.max_tokens or 1
 
     @property
     def greedy(self) -> bool:

@@ -103,3 +103,23 @@ def test_vllm_engine_arguments_are_taken_or_refused_by_name(checkpoint):
         LLM(checkpoint, tokenizer="gpt2")
     with pytest.raises(TypeError, match="bogus"):      # not vLLM's, not ours: Python's own error
         LLM(checkpoint, bogus=1)
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm):
+    """SamplingParams / PoolingParams truncate_prompt_tokens (vLLM's): the last k tokens run; -1
+    keeps as many as leave room for max_tokens (embeddings: the whole context)."""
+    from dataclasses import replace
+    long_text = "the quick brown fox jumps over the lazy dog " * 80
+    ids = llm.tokenizer.encode(long_text)
+    assert len(ids) > 512
+    [cut] = llm.generate(long_text, replace(GREEDY, truncate_prompt_tokens=30))
+    assert cut.prompt_token_ids == ids[-30:] and _texts([cut]) == _texts(llm.generate(ids[-30:], GREEDY))
+    [fitted] = llm.generate(ids, replace(GREEDY, truncate_prompt_tokens=-1))
+    assert fitted.prompt_token_ids == ids[-(512 - GREEDY.max_tokens):]
+    [embedded] = llm.embed(long_text, truncate_prompt_tokens=-1)
+    assert embedded.prompt_token_ids == ids[-512:]
+    with pytest.raises(ValueError, match="context allows at most"):
+        llm.generate(long_text, GREEDY)                       # without it: refused, as before
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="truncate_prompt_tokens must be -1"):
+            replace(GREEDY, truncate_prompt_tokens=bad)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ember_cupy.engine.pooling import PoolingParams
-from ember_cupy.sampling_params import SamplingParams
+from ember_cupy.sampling_params import SamplingParams, truncate_prompt
 from ember_cupy.structured.compiler import GrammarCompiler
 
 
@@ -57,6 +57,7 @@ class InputProcessor:
             prompt_text, prompt_ids = prompt, list(prompt_token_ids)
         else:
             prompt_text, prompt_ids = self._prompt_ids(prompt, add_special_tokens)
+        prompt_ids = truncate_prompt(prompt_ids, params, self.max_model_len)
         if isinstance(params, PoolingParams):
             if len(prompt_ids) > self.max_model_len:
                 raise ValueError(f"prompt has {len(prompt_ids)} tokens; the context allows at most "

@@ -17,7 +17,7 @@ import numpy as np
 from ember_cupy.backend import to_numpy
 from ember_cupy.engine.outputs import RequestOutput
 from ember_cupy.engine.sequence import Sequence, merge_stats
-from ember_cupy.sampling_params import SamplingParams
+from ember_cupy.sampling_params import SamplingParams, check_truncate_prompt_tokens
 
 POOLING_TYPE = "last"
 
@@ -30,6 +30,17 @@ PREFILL_ONLY = SamplingParams(max_tokens=1)
 class PoolingParams:
     """What an embedding request asks for (vLLM's PoolingParams)."""
     normalize: bool = True     # L2-normalise the pooled vector
+    # keep only the input's last k tokens (-1: as many as the context holds); None: refuse one
+    # that is too long (vLLM's truncate_prompt_tokens of LLM.embed and /v1/embeddings)
+    truncate_prompt_tokens: int | None = None
+
+    def __post_init__(self):
+        check_truncate_prompt_tokens(self.truncate_prompt_tokens, "PoolingParams")
+
+    @property
+    def output_room(self) -> int:
+        """Nothing is generated: an input may fill the whole context."""
+        return 0
 
 
 def pool_last_token(hidden_row, normalize: bool) -> list[float]:

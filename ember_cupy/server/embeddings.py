@@ -32,8 +32,12 @@ class EmbeddingsServing:
         req = validate(EmbeddingRequest, body, self.engine.tokenizer.vocab_size)
         serving.check_model(req.model)
         self._check_dimensions(req.dimensions)
-        token_ids = await serving.tokenize_prompts(req.input, "input", add_special_tokens=True)
-        streams = await self._admit(req.input, token_ids)
+        try:
+            params = PoolingParams(truncate_prompt_tokens=req.truncate_prompt_tokens)
+        except ValueError as exc:
+            raise from_value_error(exc, param="truncate_prompt_tokens") from None
+        token_ids = await serving.tokenize_prompts(req.input, "input", add_special_tokens=True, params=params)
+        streams = await self._admit(req.input, token_ids, params)
         try:
             finals = await asyncio.gather(*[stream.final() for stream in streams])
         except (EngineDeadError, EngineNotReadyError) as exc:
@@ -58,11 +62,11 @@ class EmbeddingsServing:
                                 f"{size} dimensions and cannot be shortened", param="dimensions",
                            code="unsupported_parameter")
 
-    async def _admit(self, inputs: list, token_ids: list[list[int]]) -> list[RequestStream]:
+    async def _admit(self, inputs: list, token_ids: list[list[int]], params: PoolingParams) -> list[RequestStream]:
         """One engine request per input; on any refusal none is left running."""
         response_id = f"embd-{uuid.uuid4().hex}"
         results = await asyncio.gather(*[
-            self.engine.add_request(item, PoolingParams(), request_id=f"{response_id}-{i}",
+            self.engine.add_request(item, params, request_id=f"{response_id}-{i}",
                                     prompt_token_ids=ids if isinstance(item, str) else None, prompt_index=i)
             for i, (item, ids) in enumerate(zip(inputs, token_ids, strict=True))], return_exceptions=True)
         streams = [r for r in results if isinstance(r, RequestStream)]

@@ -11,7 +11,7 @@ import uuid
 from aiohttp import web
 
 from ember_cupy import tool_calls
-from ember_cupy.sampling_params import MAX_LOGPROBS
+from ember_cupy.sampling_params import MAX_LOGPROBS, truncate_prompt
 from ember_cupy.server import completion_bodies as R
 from ember_cupy.server.async_engine import (
     AsyncEngine,
@@ -124,9 +124,11 @@ class OpenAIServing:
                                 f"(--policy priority); it runs with '{policy}'", param="priority",
                            code="unsupported_parameter")
 
-    async def tokenize_prompts(self, prompts: list, param: str, *, add_special_tokens: bool) -> list[list[int]]:
-        """Each prompt's token ids (a string tokenized off the loop; token ids as they are), refused
-        with a 400 naming `param` when all together they exceed max_prompt_tokens.
+    async def tokenize_prompts(self, prompts: list, param: str, *, add_special_tokens: bool,
+                               params=None) -> list[list[int]]:
+        """Each prompt's token ids (a string tokenized off the loop; token ids as they are), cut to
+        the params' truncate_prompt_tokens (as the engine will), refused with a 400 naming `param`
+        when all together they exceed max_prompt_tokens.
         add_special_tokens: False for a prompt the chat template rendered (it wrote them)."""
         token_ids = []
         for index, prompt in enumerate(prompts):
@@ -140,6 +142,8 @@ class OpenAIServing:
                 raise error from None
             except Exception as exc:   # noqa: BLE001 - overloaded, timed out: an HTTP error each
                 raise engine_error(exc) from None
+        if params is not None:
+            token_ids = [truncate_prompt(ids, params, self.engine.max_model_len) for ids in token_ids]
         total = sum(map(len, token_ids))
         if total > self.max_prompt_tokens:
             raise APIError(400, f"the request's prompts have {total} tokens in all; a request may have at most "
@@ -154,13 +158,15 @@ class OpenAIServing:
         req = parse_completion(body, self.engine.tokenizer.vocab_size)
         self.check_request(req)
         req.params = dataclasses.replace(req.params, structured_outputs=req.constraint)
-        token_ids = await self.tokenize_prompts(req.prompts, "prompt", add_special_tokens=True)
+        token_ids = await self.tokenize_prompts(req.prompts, "prompt", add_special_tokens=True, params=req.params)
         check_logprob_entries(req, [len(ids) for ids in token_ids], self.engine.max_model_len)
-        return await self._generate(request, req, req.prompts, token_ids)
+        # truncated prompts run (and echo) as the token ids that are left
+        prompts = req.prompts if req.params.truncate_prompt_tokens is None else token_ids
+        return await self._generate(request, req, prompts, token_ids)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         req, prompt, tools = await self.prepare_chat(await read_json_body(request))
-        token_ids = await self.tokenize_prompts([prompt], "messages", add_special_tokens=False)
+        token_ids = await self.tokenize_prompts([prompt], "messages", add_special_tokens=False, params=req.params)
         check_logprob_entries(req, [len(token_ids[0])], self.engine.max_model_len)
         return await self._generate(request, req, [prompt], token_ids, tools)
 

@@ -6,8 +6,8 @@ from typing import Literal
 from pydantic import Field
 
 from ember_cupy.engine.pooling import POOLING_TYPE
-from ember_cupy.server.protocol.base import NULL_IS_ABSENT, ProtocolModel, ResponseModel
-from ember_cupy.server.protocol.requests import MAX_PROMPTS, Prompt
+from ember_cupy.server.protocol.base import NULL_IS_ABSENT, Integer, ProtocolModel, ResponseModel
+from ember_cupy.server.protocol.requests import MAX_PROMPTS, TRUNCATE_DESCRIPTION, Prompt
 
 POOLING_DESCRIPTION = (f"Pooling: {POOLING_TYPE} token (vLLM's default for decoder-only LMs): the final-normed "
                        "hidden state of each input's last token, L2-normalised (unit length, so a dot product "
@@ -25,6 +25,7 @@ class EmbeddingRequest(ProtocolModel):
         "float", description="float: an array of numbers; base64: the little-endian float32 bytes, base64-encoded.")
     dimensions: int | None = Field(None, description="Refused unless it is the model's hidden size: the "
                                                      "embeddings cannot be shortened (no Matryoshka training).")
+    truncate_prompt_tokens: Integer | None = Field(None, ge=-1, description=TRUNCATE_DESCRIPTION, examples=[512])
     user: str | None = Field(None, description="Accepted and ignored.")
 
 

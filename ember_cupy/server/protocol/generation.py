@@ -102,7 +102,8 @@ def _sampling(request: SamplingFields, logprobs: int | None, max_tokens: int | N
             stop_token_ids=tuple(request.stop_token_ids), ignore_eos=request.ignore_eos, logprobs=logprobs,
             prompt_logprobs=max(asked) if asked else None,
             include_stop_str_in_output=request.include_stop_str_in_output,
-            skip_special_tokens=request.skip_special_tokens, speculative=request.speculative)
+            skip_special_tokens=request.skip_special_tokens, truncate_prompt_tokens=request.truncate_prompt_tokens,
+            speculative=request.speculative)
     except ValueError as exc:
         raise from_value_error(exc) from None
 

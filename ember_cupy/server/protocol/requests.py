@@ -65,6 +65,10 @@ class StreamOptions(ProtocolModel):
     continuous_usage_stats: bool = Field(False, description="Usage so far in every chunk (vLLM).")
 
 
+TRUNCATE_DESCRIPTION = ("vLLM's: keep only the prompt's last k tokens (-1: as many as the context holds); by "
+                        "default a prompt too long for the context is a 400.")
+
+
 class SamplingFields(ProtocolModel):
     """The fields /v1/completions and /v1/chat/completions share."""
     model: str | None = Field(None, description="A served model name; the first one when left out.",
@@ -99,6 +103,7 @@ class SamplingFields(ProtocolModel):
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    truncate_prompt_tokens: Integer | None = Field(None, ge=-1, description=TRUNCATE_DESCRIPTION, examples=[512])
     priority: Integer = Field(0, ge=INT32_MIN, le=INT32_MAX,
                           description="Lower runs first; only with the server's priority policy.", examples=[0])
     cache_salt: str | None = Field(None, min_length=1, description="Prefix-cache isolation key (vLLM).",
