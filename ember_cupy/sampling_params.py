@@ -60,6 +60,7 @@ class SamplingParams:
     min_tokens: int = 0
     stop: tuple[str, ...] | str | None = ()
     stop_token_ids: tuple[int, ...] | None = ()
+    allowed_token_ids: tuple[int, ...] | None = None   # sample only among these (vLLM's); None: all
     ignore_eos: bool = False
     logprobs: int | None = None       # top-k logprobs per generated token
     prompt_logprobs: int | None = None
@@ -79,6 +80,9 @@ class SamplingParams:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
         set_("stop", _as_tuple(self.stop, "stop", str))
         set_("stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids", int))
+        if self.allowed_token_ids is not None:
+            set_("allowed_token_ids", _as_tuple(self.allowed_token_ids, "allowed_token_ids", int))
+            require(self.allowed_token_ids, "SamplingParams.allowed_token_ids must not be empty (None allows all)")
         require(all(s for s in self.stop), "SamplingParams.stop must not contain empty strings")
         require(len(self.stop) <= MAX_STOP_STRINGS,
                 f"SamplingParams.stop may hold at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
@@ -143,6 +147,6 @@ class SamplingParams:
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids named by the request must exist in the model's vocabulary."""
-        ids = list(self.stop_token_ids) + list((self.logit_bias or {}).keys())
+        ids = list(self.stop_token_ids) + list((self.logit_bias or {}).keys()) + list(self.allowed_token_ids or ())
         bad = [i for i in ids if not 0 <= i < vocab_size]
         require(not bad, f"token id(s) {bad[:5]} are outside the vocabulary [0, {vocab_size})")

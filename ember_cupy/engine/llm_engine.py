@@ -31,7 +31,7 @@ from ember_cupy.model.loader import load_checkpoint
 from ember_cupy.ops.linear import bf16_tiles_ready
 from ember_cupy.sampling_params import SamplingParams
 from ember_cupy.speculative_config import SpeculativeConfig
-from ember_cupy.structured.bitmask import grammar_bitmasks
+from ember_cupy.structured.bitmask import token_bitmasks
 from ember_cupy.structured.compiler import GrammarCompiler
 
 logger = logging.getLogger("ember_cupy.engine")
@@ -290,7 +290,7 @@ class LLMEngine:
         computed.pooled = [(seq, to_numpy(hidden)) for seq, hidden in step_logits.pooled_hidden]
         sampling_seqs, logits = self._sampling_rows(batch, step_logits)
         streams = [Speculator.hold_stream(seq) if seq.draft_token_ids else None for seq, _ in batch.samples]
-        sampled = self.sampler(logits, sampling_seqs, grammar_bitmasks(sampling_seqs, logits.shape[-1]))
+        sampled = self.sampler(logits, sampling_seqs, token_bitmasks(sampling_seqs, logits.shape[-1]))
         emitted = self._emitted(batch, sampled, streams)
         if self.speculator is not None:
             self.speculator.costs.record(batch.num_tokens, time.perf_counter() - started)

@@ -4,7 +4,8 @@ Order of processing, as vLLM v1's sampler:
 
 0. Structured decoding: a sequence with a constraint (Sequence.constraint, ember_cupy/structured/)
    has every token its grammar does not allow next set to -inf (on the device under CuPy), before
-   anything below except the logprobs; the sampled token is then fed to its matcher.
+   anything below except the logprobs; the sampled token is then fed to its matcher. Tokens
+   outside SamplingParams.allowed_token_ids are masked the same way (structured/bitmask.py).
 1. Logprobs are the RAW model logprobs (vLLM's default ``logprobs_mode="raw_logprobs"``): the
    log-softmax of the logits before the grammar mask, min_tokens, logit_bias, penalties and
    temperature. A token
@@ -208,7 +209,7 @@ class Sampler:
     def __call__(self, logits, seqs: list[Sequence], grammar: tuple[np.ndarray, np.ndarray] | None = None
                  ) -> SamplerOutput:
         """A token (and the logprobs asked for) per row of logits, row i sampled with seqs[i]'s
-        parameters and random stream; grammar: (bitmask, rows) from grammar_bitmasks, masked first.
+        parameters and random stream; grammar: (bitmask, rows) from token_bitmasks, masked first.
         Leaves the sequences' grammar state alone (Scheduler.update advances it)."""
         return self._sample_rows(logits, seqs, grammar)
 

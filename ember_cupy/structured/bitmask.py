@@ -8,6 +8,8 @@ NumPy twin where no host kernel is active.
 """
 from __future__ import annotations
 
+import functools
+
 import llguidance
 import llguidance.numpy as llg_numpy
 import numpy as np
@@ -32,16 +34,34 @@ def fill_bitmasks(constraints: list, vocab_size: int) -> np.ndarray:
     return bitmask
 
 
-def grammar_bitmasks(seqs: list, vocab_size: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """(bitmask, rows) of the sampling rows whose sequence is under a grammar, or None: what the
-    sampler masks. Each matcher is first synced with its sequence's output (a preempted or forked
+def token_bitmasks(seqs: list, vocab_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(bitmask, rows) of the sampling rows whose sequence is under a grammar or limited to
+    SamplingParams.allowed_token_ids (both: the tokens both allow), or None: what the sampler
+    masks. Each matcher is first synced with its sequence's output (a preempted or forked
     sequence's matcher may lag it); the tokens sampled are accepted in Scheduler.update."""
-    rows = [i for i, seq in enumerate(seqs) if seq.constraint is not None]
+    rows = [i for i, seq in enumerate(seqs) if seq.constraint is not None or seq.params.allowed_token_ids]
     if not rows:
         return None
-    for i in rows:
-        seqs[i].constraint.sync(seqs[i].output_token_ids)
-    return fill_bitmasks([seqs[i].constraint for i in rows], vocab_size), np.asarray(rows, dtype=np.int32)
+    grammar_rows = [k for k, i in enumerate(rows) if seqs[i].constraint is not None]
+    for k in grammar_rows:
+        seqs[rows[k]].constraint.sync(seqs[rows[k]].output_token_ids)
+    bitmask = np.full((len(rows), (vocab_size + 31) // 32), -1, dtype=np.int32)
+    if grammar_rows:
+        bitmask[grammar_rows] = fill_bitmasks([seqs[rows[k]].constraint for k in grammar_rows], vocab_size)
+    for k, i in enumerate(rows):
+        if seqs[i].params.allowed_token_ids:
+            bitmask[k] &= allowed_tokens_bitmask(seqs[i].params.allowed_token_ids, vocab_size)
+    return bitmask, np.asarray(rows, dtype=np.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def allowed_tokens_bitmask(token_ids: tuple[int, ...], vocab_size: int) -> np.ndarray:
+    """One bitmask row allowing exactly token_ids (read-only: it is shared by every step)."""
+    bits = np.zeros((vocab_size + 31) // 32 * 32, dtype=bool)
+    bits[list(token_ids)] = True
+    row = np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
+    row.flags.writeable = False
+    return row
 
 
 def apply_token_bitmask(logits, bitmask: np.ndarray, rows: np.ndarray) -> None:

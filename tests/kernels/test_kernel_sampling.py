@@ -65,7 +65,7 @@ def test_sampler_masks_through_the_kernel(checkpoint):
                          constraint=compiler.new_constraint(constraint) if i != 1 else None)
                 for i, t in enumerate((0.0, 1.0, 1.0))]
         sampler = Sampler(checkpoint.config.eos_token_ids)
-        grammar = B.grammar_bitmasks(seqs, vocab)
+        grammar = B.token_bitmasks(seqs, vocab)
         if kernel:
             return on_kernel(sampler, logits.copy(), seqs, grammar).token_ids
         return sampler(logits.copy(), seqs, grammar).token_ids
@@ -102,7 +102,7 @@ def test_sampler_device_branch_with_standin_cupy(checkpoint):
         seqs = [Sequence(str(i), prompt, SamplingParams(**s), 8, constraint=compiler.new_constraint(digits) if i != 1 else None)
                 for i, s in enumerate(sampling)]
         sampler = Sampler(checkpoint.config.eos_token_ids)
-        grammar = B.grammar_bitmasks(seqs, vocab)
+        grammar = B.token_bitmasks(seqs, vocab)
         if not device:
             return sampler(logits.copy(), seqs, grammar)
         with standin_cupy.installed() as cupy:

@@ -99,7 +99,8 @@ def _sampling(request: SamplingFields, logprobs: int | None, max_tokens: int | N
             logit_bias={int(k): v for k, v in request.logit_bias.items()} if request.logit_bias else None,
             seed=None if request.seed is None else request.seed % (1 << 64),   # numpy seeds must be >= 0
             max_tokens=max_tokens, min_tokens=request.min_tokens, stop=tuple(request.stop),
-            stop_token_ids=tuple(request.stop_token_ids), ignore_eos=request.ignore_eos, logprobs=logprobs,
+            stop_token_ids=tuple(request.stop_token_ids), allowed_token_ids=request.allowed_token_ids,
+            ignore_eos=request.ignore_eos, logprobs=logprobs,
             prompt_logprobs=max(asked) if asked else None,
             include_stop_str_in_output=request.include_stop_str_in_output,
             skip_special_tokens=request.skip_special_tokens, truncate_prompt_tokens=request.truncate_prompt_tokens,

@@ -100,6 +100,8 @@ class SamplingFields(ProtocolModel):
     stop: Annotated[StopList, BeforeValidator(_stop_as_list, json_schema_input_type=StopString | StopList)] = Field(
         default_factory=list, description="Strings that end the text (not included in it).", examples=[["\n\n"]])
     stop_token_ids: list[TokenId] = Field(default_factory=list, examples=[[2]])
+    allowed_token_ids: list[TokenId] | None = Field(None, min_length=1, description="vLLM's: sample only among "
+                                                    "these token ids (null: all).", examples=[[2, 3, 4]])
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
@@ -125,10 +127,11 @@ class SamplingFields(ProtocolModel):
         check_token_ids([int(k) for k in bias], info, "logit_bias token id(s)")
         return bias
 
-    @field_validator("stop_token_ids")
+    @field_validator("stop_token_ids", "allowed_token_ids")
     @classmethod
-    def _stop_ids_in_vocab(cls, ids, info: ValidationInfo):
-        check_token_ids(ids, info, "token id(s)")
+    def _ids_in_vocab(cls, ids, info: ValidationInfo):
+        if ids is not None:
+            check_token_ids(ids, info, "token id(s)")
         return ids
 
 
