@@ -11,6 +11,7 @@ MAX_LOGPROBS = 20
 MAX_N = 128
 MAX_STOP_STRINGS = 16     # stop sequences per request (OpenAI allows 4; vLLM does not bound them)
 MAX_STOP_LENGTH = 1024    # characters per stop sequence: a stream holds back up to this - 1
+MAX_BAD_WORDS = 64        # bad_words per request, each at most MAX_STOP_LENGTH characters
 # Positive logits are divided by the repetition penalty: 1e-300 made them +inf (and NaN after
 # arithmetic with other infinities). At 0.01 a logit of 100 (+100 of logit_bias) becomes 2e4,
 # and 2e9 after the smallest sampled temperature (1e-5): far from float32's 3e38.
@@ -61,6 +62,11 @@ class SamplingParams:
     stop: tuple[str, ...] | str | None = ()
     stop_token_ids: tuple[int, ...] | None = ()
     allowed_token_ids: tuple[int, ...] | None = None   # sample only among these (vLLM's); None: all
+    # words never generated (vLLM's): the last token of each word's tokenization (with and without a
+    # leading space) is banned wherever the output ends with the tokens before it
+    bad_words: tuple[str, ...] | str | None = ()
+    # the token sequences of bad_words: filled by the engine's input processor from its tokenizer
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None       # top-k logprobs per generated token
     prompt_logprobs: int | None = None
@@ -80,6 +86,10 @@ class SamplingParams:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
         set_("stop", _as_tuple(self.stop, "stop", str))
         set_("stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids", int))
+        set_("bad_words", _as_tuple(self.bad_words, "bad_words", str))
+        require(len(self.bad_words) <= MAX_BAD_WORDS and all(0 < len(w) <= MAX_STOP_LENGTH for w in self.bad_words),
+                f"SamplingParams.bad_words must be at most {MAX_BAD_WORDS} non-empty strings of at most "
+                f"{MAX_STOP_LENGTH} characters")
         if self.allowed_token_ids is not None:
             set_("allowed_token_ids", _as_tuple(self.allowed_token_ids, "allowed_token_ids", int))
             require(self.allowed_token_ids, "SamplingParams.allowed_token_ids must not be empty (None allows all)")

@@ -66,11 +66,19 @@ class InputProcessor:
         params.check_vocab(self.vocab_size)
         if params.seed is None and self._seeds is not None:
             params = dataclasses.replace(params, seed=int(self._seeds.integers(2**63)))
+        if params.bad_words:
+            params = dataclasses.replace(params, bad_words_token_ids=self._bad_words_token_ids(params.bad_words))
         constraint = self.grammars.new_constraint(params.structured_outputs) if params.structured_outputs else None
         max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
         if params.n > self.max_num_seqs:
             raise ValueError(f"n={params.n} exceeds max_num_seqs={self.max_num_seqs}")
         return ProcessedRequest(prompt_text, prompt_ids, params, max_tokens, constraint)
+
+    def _bad_words_token_ids(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        """Each bad word's token ids as it reads alone and after a space (vLLM's two forms)."""
+        forms = {tuple(self.tokenize(text, add_special_tokens=False))
+                 for word in words for text in (word.lstrip(" "), " " + word.lstrip(" "))}
+        return tuple(sorted(ids for ids in forms if ids))
 
     def _prompt_ids(self, prompt, add_special_tokens: bool) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

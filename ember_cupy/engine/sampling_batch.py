@@ -1,5 +1,5 @@
 """One step's sampling work as arrays: per-row parameters, the uniforms of the random rows, the
-sparse logit edits (min_tokens bans, logit_bias, penalties) and the rows that report logprobs.
+sparse logit edits (min_tokens and bad_words bans, logit_bias, penalties) and the rows that report logprobs.
 
 Built on the host from the sequences, once a step; the host path reads it as it is and the device
 path uploads it in one copy (`pack`). The layouts are those cuda/sampling.cu reads:
@@ -7,7 +7,7 @@ path uploads it in one copy (`pack`). The layouts are those cuda/sampling.cu rea
 - reals [rows, 8] float64: temperature, top_p, min_p, uniform, repetition, frequency and presence
   penalties, unused;
 - edits, CSR over the rows: offsets [rows + 1] and entries [n, 4] int32 = token, flags, count,
-  bias (float32 bits); flags 1 logit_bias, 2 banned (min_tokens), 4 repeated (in the prompt or
+  bias (float32 bits); flags 1 logit_bias, 2 banned (min_tokens, bad_words), 4 repeated (in the prompt or
   the output of a row with a repetition penalty); count: the token's count in the output of a row
   with a frequency or presence penalty (0 otherwise). One entry per (row, token), rows in order.
 """
@@ -88,9 +88,10 @@ def logit_edits(seqs: list[Sequence], vocab: int, eos_token_ids: list[int]) -> t
     if not any(_has_edits(s) for s in seqs):   # the common case: no NumPy work at all
         return np.zeros(len(seqs) + 1, dtype=np.int32), np.zeros((0, 4), dtype=np.int32)
     def banned_ids(s: Sequence):
-        if s.num_output_tokens >= s.params.min_tokens:
-            return ()
-        return list(s.params.stop_token_ids) + ([] if s.params.ignore_eos else eos_token_ids)
+        banned = bad_word_bans(s)
+        if s.num_output_tokens < s.params.min_tokens:
+            banned += list(s.params.stop_token_ids) + ([] if s.params.ignore_eos else eos_token_ids)
+        return banned
     banned = _keys(seqs, vocab, banned_ids)
     biased = _keys(seqs, vocab, lambda s: s.params.logit_bias or ())
     repeated = _keys(seqs, vocab, lambda s: s.token_ids if s.params.repetition_penalty != 1.0 else ())
@@ -114,10 +115,17 @@ def logit_edits(seqs: list[Sequence], vocab: int, eos_token_ids: list[int]) -> t
     return offsets, entries
 
 
+def bad_word_bans(s: Sequence) -> list[int]:
+    """The last token of every bad word whose other tokens end the output (one-token words: always)."""
+    output = s.output_token_ids
+    return [ids[-1] for ids in s.params.bad_words_token_ids
+            if len(ids) == 1 or (len(output) >= len(ids) - 1 and tuple(output[len(output) - len(ids) + 1:]) == ids[:-1])]
+
+
 def _has_edits(s: Sequence) -> bool:
     p = s.params
     return bool(s.num_output_tokens < p.min_tokens or p.logit_bias or p.repetition_penalty != 1.0
-                or ((p.presence_penalty or p.frequency_penalty) and s.num_output_tokens))
+                or p.bad_words_token_ids or ((p.presence_penalty or p.frequency_penalty) and s.num_output_tokens))
 
 
 def _keys(seqs: list[Sequence], vocab: int, tokens_of) -> np.ndarray:

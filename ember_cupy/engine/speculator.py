@@ -114,8 +114,8 @@ class Speculator:
 
     @staticmethod
     def _may_draft(seq: Sequence) -> bool:
-        return (seq.constraint is None and not seq.params.allowed_token_ids and seq.params.speculative
-                and not seq.pooled)
+        return (seq.constraint is None and not seq.params.allowed_token_ids and not seq.params.bad_words_token_ids
+                and seq.params.speculative and not seq.pooled)
 
     def _room(self, seq: Sequence) -> int:
         """Drafts seq may take: num_speculative_tokens, and never past its max_tokens."""

@@ -100,6 +100,7 @@ def _sampling(request: SamplingFields, logprobs: int | None, max_tokens: int | N
             seed=None if request.seed is None else request.seed % (1 << 64),   # numpy seeds must be >= 0
             max_tokens=max_tokens, min_tokens=request.min_tokens, stop=tuple(request.stop),
             stop_token_ids=tuple(request.stop_token_ids), allowed_token_ids=request.allowed_token_ids,
+            bad_words=tuple(request.bad_words),
             ignore_eos=request.ignore_eos, logprobs=logprobs,
             prompt_logprobs=max(asked) if asked else None,
             include_stop_str_in_output=request.include_stop_str_in_output,

@@ -102,6 +102,8 @@ class SamplingFields(ProtocolModel):
     stop_token_ids: list[TokenId] = Field(default_factory=list, examples=[[2]])
     allowed_token_ids: list[TokenId] | None = Field(None, min_length=1, description="vLLM's: sample only among "
                                                     "these token ids (null: all).", examples=[[2, 3, 4]])
+    bad_words: list[str] = Field(default_factory=list, description="vLLM's: words never generated (each word's "
+                                 "tokens, alone and after a space, never completed).", examples=[["darn"]])
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True

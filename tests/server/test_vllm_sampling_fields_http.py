@@ -1,6 +1,6 @@
-"""allowed_token_ids (vLLM's extra field) on /v1/completions and /v1/chat/completions: every
-sampled token is one of them; bad lists are 400s naming the field (the Python API's tests:
-tests/test_allowed_token_ids.py)."""
+"""vLLM's extra sampling fields on /v1/completions and /v1/chat/completions: allowed_token_ids
+(every sampled token one of them) and bad_words (never completed); bad values are 400s naming the
+field. The Python API's tests: tests/test_allowed_token_ids.py, tests/test_bad_words.py."""
 from __future__ import annotations
 
 import json
@@ -37,3 +37,17 @@ def test_completions_and_chat_sample_only_allowed_tokens(base_url, allowed):
 def test_bad_lists_are_400s(base_url, bad):
     status, reply = _post(base_url, "/v1/completions", {"prompt": "x", "allowed_token_ids": bad})
     assert status == 400 and reply["error"]["param"].startswith("allowed_token_ids"), reply
+
+
+def test_bad_words_are_never_completed(base_url):
+    prompt = "Repeat after me: Paris France, Paris France, Paris France, Paris"
+    free = _post(base_url, "/v1/completions", {"prompt": prompt, "max_tokens": 20, "temperature": 0})[1]
+    assert "Paris France" in free["choices"][0]["text"]
+    for path, body in (("/v1/completions", {"prompt": prompt}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]})):
+        status, reply = _post(base_url, path, {**body, "max_tokens": 20, "temperature": 0, "bad_words": ["Paris France"]})
+        assert status == 200, reply
+        choice = reply["choices"][0]
+        assert "Paris France" not in (choice.get("text") or choice.get("message", {}).get("content"))
+    status, reply = _post(base_url, "/v1/completions", {"prompt": "x", "bad_words": [""]})
+    assert status == 400 and reply["error"]["param"] == "bad_words", reply
