@@ -90,6 +90,9 @@ class SamplingParams:
         require(len(self.bad_words) <= MAX_BAD_WORDS and all(0 < len(w) <= MAX_STOP_LENGTH for w in self.bad_words),
                 f"SamplingParams.bad_words must be at most {MAX_BAD_WORDS} non-empty strings of at most "
                 f"{MAX_STOP_LENGTH} characters")
+        require(isinstance(self.bad_words_token_ids, tuple) and all(
+            isinstance(ids, tuple) and ids and all(type(t) is int for t in ids) for ids in self.bad_words_token_ids),
+            "SamplingParams.bad_words_token_ids must be a tuple of non-empty tuples of token ids")
         if self.allowed_token_ids is not None:
             set_("allowed_token_ids", _as_tuple(self.allowed_token_ids, "allowed_token_ids", int))
             require(self.allowed_token_ids, "SamplingParams.allowed_token_ids must not be empty (None allows all)")
@@ -157,6 +160,7 @@ class SamplingParams:
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids named by the request must exist in the model's vocabulary."""
-        ids = list(self.stop_token_ids) + list((self.logit_bias or {}).keys()) + list(self.allowed_token_ids or ())
+        ids = (list(self.stop_token_ids) + list((self.logit_bias or {}).keys()) + list(self.allowed_token_ids or ())
+               + [token for word in self.bad_words_token_ids for token in word])
         bad = [i for i in ids if not 0 <= i < vocab_size]
         require(not bad, f"token id(s) {bad[:5]} are outside the vocabulary [0, {vocab_size})")

@@ -54,3 +54,12 @@ def test_a_multi_token_word_is_never_completed(llm):
 def test_bad_lists_are_value_errors(value, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(bad_words=value)
+
+
+def test_token_ids_given_directly_are_checked_against_the_vocabulary(llm):
+    """bad_words_token_ids is the input processor's to fill; one set by hand is still checked (an id
+    past the vocabulary would ban a token of the next row of the batch)."""
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        llm.generate(PROMPT, SamplingParams(max_tokens=2, bad_words_token_ids=((10**7,),)))
+    with pytest.raises(ValueError, match="tuple of non-empty tuples"):
+        SamplingParams(bad_words_token_ids=((),))
