@@ -72,6 +72,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    detokenize: bool = True   # False: token ids only, no text (vLLM's); no stop strings then
     # keep only the prompt's last k tokens (-1: as many as leave room for max_tokens, or one
     # token); None: the whole prompt, refused when too long (vLLM's)
     truncate_prompt_tokens: int | None = None
@@ -97,6 +98,8 @@ class SamplingParams:
             set_("allowed_token_ids", _as_tuple(self.allowed_token_ids, "allowed_token_ids", int))
             require(self.allowed_token_ids, "SamplingParams.allowed_token_ids must not be empty (None allows all)")
         require(all(s for s in self.stop), "SamplingParams.stop must not contain empty strings")
+        require(isinstance(self.detokenize, bool), f"SamplingParams.detokenize must be True or False, got {self.detokenize!r}")
+        require(self.detokenize or not self.stop, "SamplingParams.stop strings need the text: detokenize must be True")
         require(len(self.stop) <= MAX_STOP_STRINGS,
                 f"SamplingParams.stop may hold at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
         longest = max(map(len, self.stop), default=0)

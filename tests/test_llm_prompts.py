@@ -123,3 +123,13 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm):
     for bad in (0, -2, 1.5, True):
         with pytest.raises(ValueError, match="truncate_prompt_tokens must be -1"):
             replace(GREEDY, truncate_prompt_tokens=bad)
+
+
+def test_detokenize_false_gives_token_ids_without_text(llm):
+    from dataclasses import replace
+    [text] = llm.generate("The capital of France is", replace(GREEDY, max_tokens=8, logprobs=1))
+    [ids] = llm.generate("The capital of France is", replace(GREEDY, max_tokens=8, logprobs=1, detokenize=False))
+    assert ids.outputs[0].token_ids == text.outputs[0].token_ids and ids.outputs[0].text == ""
+    assert [e.token_id for e in ids.outputs[0].logprobs] == ids.outputs[0].token_ids
+    with pytest.raises(ValueError, match="stop strings need the text"):
+        SamplingParams(detokenize=False, stop=["."])

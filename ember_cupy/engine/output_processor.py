@@ -174,6 +174,9 @@ class OutputProcessor:
         if at all: a stop token, EOS or max_tokens)."""
         params = request.params
         state = request.state(seq)
+        if not params.detokenize:
+            state.add_token(token_id, "", logprobs)
+            return False
         detokenizer = state.detokenizer
         last = num_after == 0
         stopped_by_token = last and seq.finish_reason == "stop" and (
