@@ -98,7 +98,8 @@ class SamplingParams:
             set_("allowed_token_ids", _as_tuple(self.allowed_token_ids, "allowed_token_ids", int))
             require(self.allowed_token_ids, "SamplingParams.allowed_token_ids must not be empty (None allows all)")
         require(all(s for s in self.stop), "SamplingParams.stop must not contain empty strings")
-        require(isinstance(self.detokenize, bool), f"SamplingParams.detokenize must be True or False, got {self.detokenize!r}")
+        require(isinstance(self.detokenize, bool),
+                f"SamplingParams.detokenize must be True or False, got {self.detokenize!r}")
         require(self.detokenize or not self.stop, "SamplingParams.stop strings need the text: detokenize must be True")
         require(len(self.stop) <= MAX_STOP_STRINGS,
                 f"SamplingParams.stop may hold at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")

@@ -46,8 +46,9 @@ def test_with_a_grammar_only_tokens_both_allow(llm):
     choice = StructuredOutputsParams(choice=["yes", "no"])
     first_of = {word: llm.tokenizer.encode(word, add_special_tokens=False)[0] for word in ("yes", "no")}
     for word, token in first_of.items():
+        allowed = [token, *llm.engine.tokenizer.eos_token_ids]
         [output] = llm.generate("Answer:", SamplingParams(max_tokens=4, temperature=0, structured_outputs=choice,
-                                                          allowed_token_ids=[token, *llm.engine.tokenizer.eos_token_ids]))
+                                                          allowed_token_ids=allowed))
         assert output.outputs[0].text == word
 
 

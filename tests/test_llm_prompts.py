@@ -47,7 +47,7 @@ def test_prompts_of_no_known_form_are_value_errors(llm, prompts, message):
 
 
 def test_parameters_that_are_not_sampling_params_are_value_errors(llm):
-    with pytest.raises(ValueError, match=r"sampling_params must be a SamplingParams .* got dict \(SamplingParams\(\*\*that_dict\)"):
+    with pytest.raises(ValueError, match=r"sampling_params must be a SamplingParams .* got dict \(SamplingParams\(\*\*"):
         llm.generate("Hi", {"max_tokens": 2})      # was: AttributeError inside the engine
     with pytest.raises(ValueError, match="sampling_params must be a SamplingParams or a list of them, got list"):
         llm.generate(["Hi", "Yo"], [GREEDY, "greedy"])

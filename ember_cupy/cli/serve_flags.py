@@ -66,4 +66,5 @@ def _router_flags(parser, add) -> None:
                                                        "unloads for another")
     add(g, "--models-idle-ttl", type=float, default=None, help="seconds after which an idle model unloads")
     add(g, "--models-memory", type=parse_size, default=None,
-        help="bytes for all models' weights and KV caches together, e.g. 8GiB (default: the machine's memory, or its container's limit)")
+        help="bytes for all models' weights and KV caches together, e.g. 8GiB (default: the machine's memory, "
+             "or its container's limit)")

@@ -119,7 +119,7 @@ def bad_word_bans(s: Sequence) -> list[int]:
     """The last token of every bad word whose other tokens end the output (one-token words: always)."""
     output = s.output_token_ids
     return [ids[-1] for ids in s.params.bad_words_token_ids
-            if len(ids) == 1 or (len(output) >= len(ids) - 1 and tuple(output[len(output) - len(ids) + 1:]) == ids[:-1])]
+            if len(ids) == 1 or (len(output) >= len(ids) - 1 and tuple(output[len(output) + 1 - len(ids):]) == ids[:-1])]
 
 
 def _has_edits(s: Sequence) -> bool:

@@ -26,7 +26,8 @@ def test_completions_and_chat_sample_only_allowed_tokens(base_url, allowed):
     status, reply = _post(base_url, "/v1/completions", {"prompt": "My favourite animal is the", "logprobs": 0,
                                                         **sampled})
     assert status == 200, reply
-    assert len(reply["choices"][0]["logprobs"]["tokens"]) == 6 and set(reply["choices"][0]["logprobs"]["tokens"]) <= set(WORDS)
+    tokens = reply["choices"][0]["logprobs"]["tokens"]
+    assert len(tokens) == 6 and set(tokens) <= set(WORDS)
     status, reply = _post(base_url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "An animal?"}],
                                                              "logprobs": True, **sampled})
     assert status == 200, reply
@@ -45,7 +46,8 @@ def test_bad_words_are_never_completed(base_url):
     assert "Paris France" in free["choices"][0]["text"]
     for path, body in (("/v1/completions", {"prompt": prompt}),
                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]})):
-        status, reply = _post(base_url, path, {**body, "max_tokens": 20, "temperature": 0, "bad_words": ["Paris France"]})
+        status, reply = _post(base_url, path, {**body, "max_tokens": 20, "temperature": 0,
+                                               "bad_words": ["Paris France"]})
         assert status == 200, reply
         choice = reply["choices"][0]
         assert "Paris France" not in (choice.get("text") or choice.get("message", {}).get("content"))
