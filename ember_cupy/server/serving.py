@@ -142,7 +142,7 @@ class OpenAIServing:
                 raise error from None
             except Exception as exc:   # noqa: BLE001 - overloaded, timed out: an HTTP error each
                 raise engine_error(exc) from None
-        if params is not None:
+        if params is not None and params.truncate_prompt_tokens is not None:
             token_ids = [truncate_prompt(ids, params, self.engine.max_model_len) for ids in token_ids]
         total = sum(map(len, token_ids))
         if total > self.max_prompt_tokens:
