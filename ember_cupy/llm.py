@@ -38,6 +38,10 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
+    def get_tokenizer(self):
+        """The model's tokenizer (vLLM's LLM.get_tokenizer): encode, decode, apply_chat_template."""
+        return self.tokenizer
+
     def generate(self, prompts, sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
                  *, use_tqdm: bool = True, lora_request=None, priority: Seq[int] | None = None,
                  add_special_tokens: bool = True) -> list[RequestOutput]:

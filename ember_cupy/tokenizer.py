@@ -156,12 +156,15 @@ class Tokenizer:
                 out[k] = text.encode("utf-8")
         return out
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, *,
+                            tokenize: bool = False, **extra) -> str | list[int]:
         """The conversation as the model's prompt text, its special tokens written by the template:
-        encode it with add_special_tokens=False."""
+        encode it with add_special_tokens=False. tokenize=True: those token ids instead (as the
+        transformers tokenizer's, whose default is True; here the text is the default)."""
         if self.chat_template is None:
             raise ValueError("this model has no chat template; use a plain completion prompt")
-        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
+        text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
+        return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")   # SentencePiece's piece for one byte

@@ -133,3 +133,14 @@ def test_detokenize_false_gives_token_ids_without_text(llm):
     assert [e.token_id for e in ids.outputs[0].logprobs] == ids.outputs[0].token_ids
     with pytest.raises(ValueError, match="stop strings need the text"):
         SamplingParams(detokenize=False, stop=["."])
+
+
+def test_a_vllm_script_renders_its_own_chat_prompt(llm):
+    """tokenizer = llm.get_tokenizer(); tokenizer.apply_chat_template(..., tokenize=False) as vLLM
+    scripts do; tokenize=True gives the ids of that text."""
+    tokenizer = llm.get_tokenizer()
+    messages = [{"role": "user", "content": "Say hi."}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    assert isinstance(text, str) and ids == tokenizer.encode(text, add_special_tokens=False)
+    assert _texts(llm.generate({"prompt_token_ids": ids}, GREEDY)) == _texts(llm.chat(messages, GREEDY))
