@@ -320,7 +320,7 @@ def render_chat(tokenizer, messages: list[dict], spec: ToolSpec, add_generation_
     if supports and spec.active:
         template_kwargs["tools"] = [{"type": "function", "function": {
             "name": t.name, "description": t.description, "parameters": t.parameters}} for t in spec.tools]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
                                          **template_kwargs)
 
 

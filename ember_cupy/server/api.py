@@ -249,7 +249,7 @@ class _Handlers:
             json_body = await self.engine.off_loop(_tokenize_answer, tokenizer, text, add_special_tokens,
                                                    self.engine.max_model_len, body.return_token_strs,
                                                    work_chars=len(text))
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:   # a template's own error, as chat answers it
             raise bad_request(str(exc), param=field) from None
         except (EngineOverloadedError, PrepareTimeoutError) as exc:
             raise engine_error(exc) from None

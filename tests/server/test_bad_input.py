@@ -253,3 +253,15 @@ def test_no_blocks_leaked_by_bad_input(base_url):
         time.sleep(0.1)
     assert metric(base_url, "ember:kv_cache_free_blocks") == total
     assert metric(base_url, "ember:num_requests_waiting") == 0
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+@pytest.mark.parametrize("name", ["add_generation_prompt", "tokenize", "messages", "work_chars"])
+def test_chat_template_kwargs_that_collide_with_the_renderers_own_are_400s(base_url, path, name):
+    """They were passed on beside the rendering's own arguments: a TypeError, and on /tokenize a 500."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {name: True}}
+    status, _, raw = http(base_url, "POST", path, {**body, **({"max_tokens": 1} if "chat" in path else {})})
+    error = json.loads(raw)["error"]
+    assert status == 400 and error["param"] == "chat_template_kwargs" and repr(name) in error["message"], raw
+    body["chat_template_kwargs"] = {"enable_thinking": False}      # a template variable of its own: fine
+    assert http(base_url, "POST", path, {**body, **({"max_tokens": 1} if "chat" in path else {})})[0] == 200

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -58,6 +59,20 @@ def _stop_as_list(value):
     if not isinstance(value, list):
         raise ValueError("must be a string or an array of strings")
     return value
+
+
+# names the chat prompt's rendering passes itself: as template variables they would collide with them
+RESERVED_TEMPLATE_KWARGS = ("messages", "add_generation_prompt", "tokenize", "tokenizer", "spec", "fn", "work_chars")
+
+
+def _no_reserved_names(kwargs: dict) -> dict:
+    taken = sorted(set(kwargs) & set(RESERVED_TEMPLATE_KWARGS))
+    if taken:
+        raise ValueError(f"may not set {', '.join(map(repr, taken))}: the request's own fields say it")
+    return kwargs
+
+
+ChatTemplateKwargs = Annotated[dict[str, Any], AfterValidator(_no_reserved_names)]
 
 
 class StreamOptions(ProtocolModel):
@@ -210,8 +225,8 @@ class ChatCompletionRequest(SamplingFields):
                                              examples=[False])
     add_generation_prompt: bool = Field(True, description="End the prompt with the assistant's turn "
                                                           "header (vLLM).")
-    chat_template_kwargs: dict[str, Any] | None = Field(None, description="Extra variables for the chat "
-                                                                          "template (vLLM).", examples=[{}])
+    chat_template_kwargs: ChatTemplateKwargs | None = Field(None, description="Extra variables for the chat "
+                                                                              "template (vLLM).", examples=[{}])
     # fields of OpenAI's chat API with no effect here
     reasoning_effort: str | None = Field(None, description=IGNORED, examples=["low"])
     verbosity: Literal["low", "medium", "high"] | None = Field(None, description=IGNORED)
@@ -246,7 +261,7 @@ class TokenizeRequest(ProtocolModel):
     tools: list[Tool] | None = Field(None, description="With messages: the chat request's tools.")
     tool_choice: ToolChoice | None = Field(None, examples=["none"])
     parallel_tool_calls: bool | None = None
-    chat_template_kwargs: dict[str, Any] | None = Field(None, examples=[{}])
+    chat_template_kwargs: ChatTemplateKwargs | None = Field(None, examples=[{}])
 
 
 class DetokenizeRequest(ProtocolModel):
