@@ -256,7 +256,7 @@ def test_no_blocks_leaked_by_bad_input(base_url):
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
-@pytest.mark.parametrize("name", ["add_generation_prompt", "tokenize", "messages", "work_chars"])
+@pytest.mark.parametrize("name", ["add_generation_prompt", "tokenize", "messages", "work_chars", "bos_token"])
 def test_chat_template_kwargs_that_collide_with_the_renderers_own_are_400s(base_url, path, name):
     """They were passed on beside the rendering's own arguments: a TypeError, and on /tokenize a 500."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {name: True}}

@@ -61,8 +61,10 @@ def _stop_as_list(value):
     return value
 
 
-# names the chat prompt's rendering passes itself: as template variables they would collide with them
-RESERVED_TEMPLATE_KWARGS = ("messages", "add_generation_prompt", "tokenize", "tokenizer", "spec", "fn", "work_chars")
+# names the chat prompt's rendering passes itself (AsyncEngine.off_loop, tool_calls.render_chat,
+# Tokenizer.apply_chat_template, ChatTemplate.render): as template variables they would collide
+RESERVED_TEMPLATE_KWARGS = ("messages", "add_generation_prompt", "tokenize", "tokenizer", "spec", "fn", "work_chars",
+                            "bos_token", "eos_token")
 
 
 def _no_reserved_names(kwargs: dict) -> dict:
