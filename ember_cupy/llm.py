@@ -78,13 +78,13 @@ class LLM:
                 self.engine.abort(request_id)
             raise
 
-    def chat(self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
-             lora_request=None, *, add_generation_prompt: bool = True, tools: list[dict] | None = None,
+    def chat(self, messages, sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+             use_tqdm: bool = True, lora_request=None, *, add_generation_prompt: bool = True, tools: list[dict] | None = None,
              tool_choice=None, parallel_tool_calls: bool = True,
              chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
-        """messages: one conversation (list of {"role", "content"}) or a list of them. The other
-        arguments are vLLM's LLM.chat's of the same names (use_tqdm and lora_request as for
-        generate()).
+        """messages: one conversation (list of {"role", "content"}) or a list of them;
+        sampling_params: one for all, or one per conversation. The other arguments are vLLM's
+        LLM.chat's of the same names (use_tqdm and lora_request as for generate()).
 
         tools / tool_choice / parallel_tool_calls: OpenAI's (ember_cupy/tool_calls.py); a
         completion that called functions has finish_reason "tool_calls" and its `tool_calls`
@@ -94,16 +94,14 @@ class LLM:
                              "conversation) or a list of such lists")
         conversations = [messages] if isinstance(messages[0], dict) else messages
         _refuse_lora(lora_request)
-        if sampling_params is not None and not isinstance(sampling_params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got {type(sampling_params).__name__}")
         spec = tool_calls.parse_tools(tools, tool_choice, parallel_tool_calls)
-        params = tool_calls.constrain(sampling_params or SamplingParams(**self.engine.sampling_defaults), spec,
-                                      tool_calls.template_supports_tools(self.tokenizer))
+        supports = tool_calls.template_supports_tools(self.tokenizer)
+        params = [tool_calls.constrain(p, spec, supports)
+                  for p in self._as_params_list(sampling_params, len(conversations))]
         prompts = [tool_calls.render_chat(self.tokenizer, c, spec, add_generation_prompt,
                                           **(chat_template_kwargs or {})) for c in conversations]
         outputs = self.generate(prompts, params, add_special_tokens=False)
         if spec.active:
-            supports = tool_calls.template_supports_tools(self.tokenizer)
             for output in outputs:
                 for completion in output.outputs:
                     _, calls = tool_calls.parse_output(completion.text, spec, supports)

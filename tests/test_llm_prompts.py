@@ -3,6 +3,8 @@ forms vLLM's LLM takes (strings, token-id lists, {"prompt"} and {"prompt_token_i
 ValueError naming the mistake for anything else, on the real model."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -47,7 +49,7 @@ def test_prompts_of_no_known_form_are_value_errors(llm, prompts, message):
 
 
 def test_parameters_that_are_not_sampling_params_are_value_errors(llm):
-    with pytest.raises(ValueError, match=r"sampling_params must be a SamplingParams .* got dict \(SamplingParams\(\*\*"):
+    with pytest.raises(ValueError, match=r"sampling_params must be a SamplingParams .* got dict \(SamplingParams\("):
         llm.generate("Hi", {"max_tokens": 2})      # was: AttributeError inside the engine
     with pytest.raises(ValueError, match="sampling_params must be a SamplingParams or a list of them, got list"):
         llm.generate(["Hi", "Yo"], [GREEDY, "greedy"])
@@ -81,8 +83,13 @@ def test_vllm_scripts_keyword_arguments_work(llm):
         llm.generate(["Hi", "Yo"], GREEDY, priority=[0])
     with pytest.raises(ValueError, match="pooling_params must be a PoolingParams, got SamplingParams"):
         llm.embed("Hi", GREEDY)                  # was: a generation request, its embedding None
-    with pytest.raises(ValueError, match="sampling_params must be a SamplingParams, got dict"):
+    with pytest.raises(ValueError, match="sampling_params must be a SamplingParams or a list of them, got dict"):
         llm.chat(chat, {"max_tokens": 2})
+    two = [chat, [{"role": "user", "content": "Say bye."}]]
+    short, longer = llm.chat(two, [GREEDY, dataclasses.replace(GREEDY, max_tokens=6)])   # one per conversation
+    assert (len(short.outputs[0].token_ids), len(longer.outputs[0].token_ids)) == (4, 6)
+    with pytest.raises(ValueError, match="got 1 SamplingParams for 2 prompts"):
+        llm.chat(two, [GREEDY])
 
 
 def test_priority_orders_the_prompts_under_the_priority_policy(checkpoint):
