@@ -151,3 +151,19 @@ def test_a_vllm_script_renders_its_own_chat_prompt(llm):
     ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
     assert isinstance(text, str) and ids == tokenizer.encode(text, add_special_tokens=False)
     assert _texts(llm.generate({"prompt_token_ids": ids}, GREEDY)) == _texts(llm.chat(messages, GREEDY))
+
+
+def test_logprobs_read_as_vllms_dicts_of_logprob(llm):
+    """A vLLM script's `completion.logprobs[i][token_id].logprob` (and .rank, .items())."""
+    [output] = llm.generate("The capital of France is", dataclasses.replace(GREEDY, logprobs=3))
+    completion = output.outputs[0]
+    for token_id, entry in zip(completion.token_ids, completion.logprobs, strict=True):
+        assert token_id in entry and entry[token_id].logprob == entry.logprob
+        assert entry[token_id].rank == 1                                   # greedy: the likeliest
+        ranks = {token: lp.rank for token, lp in entry.items()}
+        assert sorted(ranks.values()) == [1, 2, 3] and len(entry) == 3 and list(entry) == list(ranks)
+        assert entry.get(-1) is None
+    [sampled] = llm.generate("The capital of France is", SamplingParams(max_tokens=8, temperature=2.0, seed=3,
+                                                                        logprobs=1))
+    for token_id, entry in zip(sampled.outputs[0].token_ids, sampled.outputs[0].logprobs, strict=True):
+        assert entry[token_id].logprob == entry.logprob and len(entry) == (1 if entry.top[0][0] == token_id else 2)

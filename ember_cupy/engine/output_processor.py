@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from ember_cupy.detokenizer import IncrementalDetokenizer
 from ember_cupy.engine.outputs import CompletionOutput, EngineStepOutput, OutputKind, RequestOutput
 from ember_cupy.engine.pooling import EmbeddingRequest
-from ember_cupy.engine.sampler import TokenLogprobs
+from ember_cupy.engine.token_logprobs import TokenLogprobs
 from ember_cupy.engine.sequence import Sequence, merge_stats
 from ember_cupy.sampling_params import SamplingParams
 

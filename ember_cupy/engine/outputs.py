@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from ember_cupy.engine.sampler import TokenLogprobs
+from ember_cupy.engine.token_logprobs import TokenLogprobs
 from ember_cupy.engine.sequence import Sequence, SequenceStats
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ember_cupy.engine.sampler import TokenLogprobs, kth_largest, log_softmax, top_logprobs
+from ember_cupy.engine.sampler import kth_largest, log_softmax, top_logprobs
+from ember_cupy.engine.token_logprobs import TokenLogprobs
 
 
 def prompt_logprob_entries(logits: np.ndarray, target_ids: list[int], k: int) -> list[TokenLogprobs]:

@@ -60,19 +60,13 @@ from ember_cupy.engine.sampling_batch import (
     BANNED, BIAS, FREQUENCY, MIN_P, PRESENCE, REPEATED, REPETITION, TEMPERATURE, TOP_P, UNIFORM, SamplingBatch,
     build_batch)
 from ember_cupy.engine.sequence import Sequence
+from ember_cupy.engine.token_logprobs import TokenLogprobs
 from ember_cupy.ops import _cuda, _host
 from ember_cupy.structured.bitmask import apply_token_bitmask
 
 
 # Candidate set sizes tried, in turn, for a top-p without top-k before sorting the whole vocabulary.
 TOP_P_CANDIDATES = (256, 2048, 16384)
-
-
-@dataclass
-class TokenLogprobs:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]   # (token id, logprob), best first
 
 
 @dataclass
