@@ -136,7 +136,8 @@ class SamplingParams:
         require(isinstance(self.speculative, bool),
                 f"SamplingParams.speculative must be True or False, got {self.speculative!r}")
         self._validate_logit_bias()
-        set_("structured_outputs", StructuredOutputsParams.from_value(self.structured_outputs))
+        if self.structured_outputs is not None:
+            set_("structured_outputs", StructuredOutputsParams.from_value(self.structured_outputs))
 
     def _validate_logit_bias(self):
         if not self.logit_bias:
