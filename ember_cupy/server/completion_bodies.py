@@ -139,3 +139,22 @@ def envelope(kind: str, response_id: str, created: int, model: str, choices: lis
     if include_usage_key:
         body["usage"] = usage_body
     return body
+
+
+class ReturnedTokenIds:
+    """vLLM's return_token_ids on a stream: the ids each choice generated since its last chunk
+    (a chunk may be held back, e.g. while a stop string may be forming: its ids wait for the next)."""
+
+    def __init__(self, wanted: bool):
+        self.wanted = wanted
+        self._pending: dict[int, list[int]] = {}
+
+    def add(self, index: int, token_ids: list[int]) -> None:
+        if self.wanted:
+            self._pending.setdefault(index, []).extend(token_ids)
+
+    def put(self, choice: dict, index: int) -> dict:
+        """choice with the ids that wait for it, when they are wanted."""
+        if self.wanted:
+            choice["token_ids"] = self._pending.pop(index, [])
+        return choice

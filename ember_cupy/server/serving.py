@@ -226,7 +226,7 @@ class OpenAIServing:
         response_id = prefix + uuid.uuid4().hex
         streams = await self._admit(req, prompts, token_ids, response_id)
         try:
-            ctx = _Context(self, req, response_id, prompts, tools)
+            ctx = _Context(self, req, response_id, prompts, tools, token_ids)
             if req.stream:
                 return await self._stream(request, ctx, streams)
             return await self._full(ctx, streams)
@@ -310,7 +310,7 @@ class _Context:
     """What one response needs to turn outputs into choices: ids, offsets, what was sent."""
 
     def __init__(self, serving: OpenAIServing, req: GenerationRequest, response_id: str, prompts: list,
-                 tools: tool_calls.ToolSpec = tool_calls.NO_TOOLS):
+                 tools: tool_calls.ToolSpec = tool_calls.NO_TOOLS, prompt_token_ids: list[list[int]] = ()):
         self.req = req
         self.response_id = response_id
         self.created = int(time.time())
@@ -327,6 +327,9 @@ class _Context:
         self.chat_deltas: dict[int, ChatDeltas] = {}   # by choice index
         self.chat_prompt_logprobs: list | None = None   # for the next chunk's envelope (vLLM's)
         self.prompt_logprobs: dict[int, list] = {}      # by prompt index: outputs may carry them once
+        self.token_ids = R.ReturnedTokenIds(bool(req.body.return_token_ids))
+        # chat, return_token_ids: the prompt's ids go in the envelope of the first chunk (vLLM's)
+        self.chat_prompt_ids = list(prompt_token_ids[0]) if self.token_ids.wanted and req.kind == "chat" else None
 
     def _prompt_text(self, prompt_index: int) -> str:
         prompt = self.prompts[prompt_index]
@@ -339,8 +342,10 @@ class _Context:
             choice = R.chat_choice(index, c, lp)
             self.parsers.full_message(choice, c.text, self._prompt_text(prompt_index), self.tools,
                                       self.supports_tools)
-            return choice
-        return self._completion_choice(prompt_index, index, output, c, c.text, c.logprobs, 0)
+        else:
+            choice = self._completion_choice(prompt_index, index, output, c, c.text, c.logprobs, 0)
+        self.token_ids.add(index, c.token_ids)
+        return self.token_ids.put(choice, index)
 
     def _completion_choice(self, prompt_index: int, index: int, output, c, text: str, entries,
                            offset: int, first: bool = True) -> dict:
@@ -354,7 +359,10 @@ class _Context:
             lp = self.logprobs.joined(echoed, lp)
         self.text_offset[index] = offset + len(prefix) + len(text)
         vllm = self._vllm_prompt_logprobs(prompt_index, output) if first else None
-        return R.completion_choice(index, c, prefix + text, lp, vllm)
+        choice = R.completion_choice(index, c, prefix + text, lp, vllm)
+        if first and self.token_ids.wanted:
+            choice["prompt_token_ids"] = list(output.prompt_token_ids)
+        return choice
 
     def _prompt_entries(self, prompt_index: int, output) -> list | None:
         if output.prompt_logprobs is not None:
@@ -368,10 +376,13 @@ class _Context:
         return self.logprobs.vllm_prompt(entries)
 
     def full_body_extras(self, finals: list) -> dict:
-        """Chat's prompt_logprobs sit beside the choices (vLLM's shape)."""
-        if self.req.kind != "chat" or self.req.prompt_logprobs is None:
-            return {}
-        return {"prompt_logprobs": self._vllm_prompt_logprobs(0, finals[0])}
+        """Chat's prompt_logprobs and prompt_token_ids sit beside the choices (vLLM's shape)."""
+        extras = {}
+        if self.req.kind == "chat" and self.req.prompt_logprobs is not None:
+            extras["prompt_logprobs"] = self._vllm_prompt_logprobs(0, finals[0])
+        if self.chat_prompt_ids is not None:
+            extras["prompt_token_ids"] = self.chat_prompt_ids
+        return extras
 
     def first_chunks(self, num_prompts: int) -> list[dict]:
         """Chat: the assistant role for every choice. (An echoed prompt goes with the first
@@ -387,6 +398,7 @@ class _Context:
             index = prompt_index * self.n + c.index
             if index in self.done:
                 continue
+            self.token_ids.add(index, c.token_ids)   # a delta output's: its new tokens
             entries = c.logprobs   # a delta output's: those of its new tokens
             first = index not in self.text_offset
             self.text_offset.setdefault(index, 0)
@@ -406,11 +418,12 @@ class _Context:
                     continue
                 if says_prompt:
                     self.chat_prompt_logprobs = self._vllm_prompt_logprobs(prompt_index, output)
-                choices.append({"index": index, "delta": delta, "logprobs": lp,
-                                "finish_reason": finish_reason, "stop_reason": c.stop_reason})
+                choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason,
+                          "stop_reason": c.stop_reason}
             else:
-                choices.append(self._completion_choice(prompt_index, index, output, c, c.delta_text, entries,
-                                                       self.text_offset[index], first))
+                choice = self._completion_choice(prompt_index, index, output, c, c.delta_text, entries,
+                                                 self.text_offset[index], first)
+            choices.append(self.token_ids.put(choice, index))
         return choices
 
     def chunk(self, choices: list[dict], counter: R.UsageCounter) -> dict:
@@ -420,4 +433,6 @@ class _Context:
                           stream=True, usage_body=usage_body, include_usage_key=include)
         if self.chat_prompt_logprobs is not None:
             body["prompt_logprobs"], self.chat_prompt_logprobs = self.chat_prompt_logprobs, None
+        if self.chat_prompt_ids is not None:
+            body["prompt_token_ids"], self.chat_prompt_ids = self.chat_prompt_ids, None
         return body

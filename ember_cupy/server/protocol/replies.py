@@ -53,6 +53,11 @@ PROMPT_LOGPROBS = Field(None, description="vLLM's prompt_logprobs: per prompt to
                                           "-> logprob; the prompt's own token and the top k.")
 
 
+TOKEN_IDS = Field(None, description="With return_token_ids (vLLM's): the generated token ids (streamed: the new ones).")
+PROMPT_TOKEN_IDS = Field(None, description="With return_token_ids (vLLM's): the prompt's token ids (streamed: in the "
+                                           "first chunk).")
+
+
 class CompletionChoice(ResponseModel):
     index: int
     text: str
@@ -61,6 +66,8 @@ class CompletionChoice(ResponseModel):
     finish_reason: FinishReason | None
     stop_reason: StopReason = None
     prompt_logprobs: PromptLogprobs = PROMPT_LOGPROBS
+    prompt_token_ids: list[int] | None = PROMPT_TOKEN_IDS
+    token_ids: list[int] | None = TOKEN_IDS
 
 
 class Completion(ResponseModel):
@@ -99,6 +106,7 @@ class ChatChoice(ResponseModel):
     logprobs: ChatLogprobs | None
     finish_reason: FinishReason | None
     stop_reason: StopReason = None
+    token_ids: list[int] | None = TOKEN_IDS
 
 
 class ChatCompletion(ResponseModel):
@@ -109,6 +117,7 @@ class ChatCompletion(ResponseModel):
     choices: list[ChatChoice]
     usage: Usage | None = None
     prompt_logprobs: PromptLogprobs = PROMPT_LOGPROBS
+    prompt_token_ids: list[int] | None = PROMPT_TOKEN_IDS
 
 
 class ToolCallFunctionDelta(ResponseModel):
@@ -136,6 +145,7 @@ class ChatChunkChoice(ResponseModel):
     logprobs: ChatLogprobs | None
     finish_reason: FinishReason | None
     stop_reason: StopReason = None
+    token_ids: list[int] | None = TOKEN_IDS
 
 
 class ChatCompletionChunk(ResponseModel):
@@ -147,6 +157,7 @@ class ChatCompletionChunk(ResponseModel):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     prompt_logprobs: PromptLogprobs = PROMPT_LOGPROBS
+    prompt_token_ids: list[int] | None = PROMPT_TOKEN_IDS
 
 
 class ModelCard(ResponseModel):

@@ -125,6 +125,9 @@ class SamplingFields(ProtocolModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     truncate_prompt_tokens: Integer | None = Field(None, ge=-1, description=TRUNCATE_DESCRIPTION, examples=[512])
+    return_token_ids: bool | None = Field(None, description="vLLM's: the reply carries the prompt's and the "
+                                          "generated token ids (streamed: prompt ids in the first chunk, then "
+                                          "each chunk's new ids).", examples=[True])
     priority: Integer = Field(0, ge=INT32_MIN, le=INT32_MAX,
                           description="Lower runs first; only with the server's priority policy.", examples=[0])
     cache_salt: str | None = Field(None, min_length=1, description="Prefix-cache isolation key (vLLM).",
