@@ -87,16 +87,7 @@ class SamplingParams:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
         set_("stop", _as_tuple(self.stop, "stop", str))
         set_("stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids", int))
-        set_("bad_words", _as_tuple(self.bad_words, "bad_words", str))
-        require(len(self.bad_words) <= MAX_BAD_WORDS and all(0 < len(w) <= MAX_STOP_LENGTH for w in self.bad_words),
-                f"SamplingParams.bad_words must be at most {MAX_BAD_WORDS} non-empty strings of at most "
-                f"{MAX_STOP_LENGTH} characters")
-        require(isinstance(self.bad_words_token_ids, tuple) and all(
-            isinstance(ids, tuple) and ids and all(type(t) is int for t in ids) for ids in self.bad_words_token_ids),
-            "SamplingParams.bad_words_token_ids must be a tuple of non-empty tuples of token ids")
-        if self.allowed_token_ids is not None:
-            set_("allowed_token_ids", _as_tuple(self.allowed_token_ids, "allowed_token_ids", int))
-            require(self.allowed_token_ids, "SamplingParams.allowed_token_ids must not be empty (None allows all)")
+        self._validate_token_restrictions()
         require(all(s for s in self.stop), "SamplingParams.stop must not contain empty strings")
         require(isinstance(self.detokenize, bool),
                 f"SamplingParams.detokenize must be True or False, got {self.detokenize!r}")
@@ -138,6 +129,20 @@ class SamplingParams:
         self._validate_logit_bias()
         if self.structured_outputs is not None:
             set_("structured_outputs", StructuredOutputsParams.from_value(self.structured_outputs))
+
+    def _validate_token_restrictions(self):
+        """allowed_token_ids, bad_words and their token ids (vLLM's fields)."""
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
+        set_("bad_words", _as_tuple(self.bad_words, "bad_words", str))
+        require(len(self.bad_words) <= MAX_BAD_WORDS and all(0 < len(w) <= MAX_STOP_LENGTH for w in self.bad_words),
+                f"SamplingParams.bad_words must be at most {MAX_BAD_WORDS} non-empty strings of at most "
+                f"{MAX_STOP_LENGTH} characters")
+        require(isinstance(self.bad_words_token_ids, tuple) and all(
+            isinstance(ids, tuple) and ids and all(type(t) is int for t in ids) for ids in self.bad_words_token_ids),
+            "SamplingParams.bad_words_token_ids must be a tuple of non-empty tuples of token ids")
+        if self.allowed_token_ids is not None:
+            set_("allowed_token_ids", _as_tuple(self.allowed_token_ids, "allowed_token_ids", int))
+            require(self.allowed_token_ids, "SamplingParams.allowed_token_ids must not be empty (None allows all)")
 
     def _validate_logit_bias(self):
         if not self.logit_bias:
