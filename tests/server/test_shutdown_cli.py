@@ -41,7 +41,8 @@ def _wait_healthy(proc: subprocess.Popen, port: int, timeout: float = 90) -> Non
 
 def test_graceful_shutdown_sigterm_and_sigint():
     port_a, port_b = free_port(), free_port()
-    a = _spawn(port_a, "--drain-timeout", "1", "--served-model-name", "tiny")
+    # 2000 tokens take seconds even on a fast machine (300 once finished within the 1 s drain on CI)
+    a = _spawn(port_a, "--drain-timeout", "1", "--served-model-name", "tiny", EMBER_KV_CACHE_MEMORY="64MiB")
     b = _spawn(port_b)
     try:
         _wait_healthy(a, port_a)
@@ -53,7 +54,7 @@ def test_graceful_shutdown_sigterm_and_sigint():
         request = urllib.request.Request(
             f"http://127.0.0.1:{port_a}/v1/completions", method="POST",
             headers={"Content-Type": "application/json"},
-            data=json.dumps({"prompt": "Once", "max_tokens": 300, "ignore_eos": True, "stream": True}).encode())
+            data=json.dumps({"prompt": "Once", "max_tokens": 2000, "ignore_eos": True, "stream": True}).encode())
         first = threading.Event()
 
         def read():
