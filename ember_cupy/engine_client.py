@@ -27,6 +27,10 @@ class ModelInfo:
     sampling_defaults: dict      # SamplingParams field -> the model's default (generation_config.py)
     kv_cache_dtype: str = "unknown"
     enable_prefix_caching: bool = False
+    source: str = ""             # the model's file or directory
+    architecture: str = "unknown"
+    file_type: str = "unknown"   # Checkpoint.file_type: Q4_K_M, BF16, ...
+    num_parameters: int = 0
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,9 @@ def model_info_of(llm_engine) -> ModelInfo:
                      kv_cache_blocks=runner.num_blocks, runtime=runtime_info(llm_engine),
                      kv_cache_dtype=str(runner.kv_caches[0][0].dtype) if runner.kv_caches else "unknown",
                      enable_prefix_caching=bool(config.enable_prefix_caching),
-                     sampling_defaults=dict(llm_engine.sampling_defaults))
+                     sampling_defaults=dict(llm_engine.sampling_defaults), source=llm_engine.checkpoint.source,
+                     architecture=llm_engine.model_config.architecture,
+                     file_type=llm_engine.checkpoint.file_type, num_parameters=llm_engine.checkpoint.num_parameters)
 
 
 class EngineClient(Protocol):

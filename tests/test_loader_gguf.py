@@ -17,6 +17,7 @@ def test_default_model_facts(checkpoint):
     assert cfg.vocab_size == 49152 and cfg.intermediate_size == 1536
     assert cfg.tie_word_embeddings and "lm_head" not in checkpoint.weights
     assert not cfg.add_bos_token
+    assert (checkpoint.file_type, checkpoint.num_parameters) == ("Q4_1", 134515008)   # llama.cpp's 134.52M
     tok = checkpoint.tokenizer
     assert {tok.id_to_token(i) for i in cfg.eos_token_ids} == {"<|im_end|>", "<|endoftext|>"}
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from ember_cupy import LLM, SamplingParams
+from ember_cupy.engine_client import model_info_of
 from tiny_model import VOCAB, assert_greedy_matches_reference, reference_logits, write_tiny_checkpoint
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -45,6 +46,14 @@ def test_tokenizer_and_chat_template_come_from_the_directory(tmp_path):
     assert llm.tokenizer.encode("w1 w2") == [VOCAB.index("w1"), VOCAB.index("w2")]
     assert llm.tokenizer.apply_chat_template([{"role": "user", "content": "w5"}]) == "<user>w5"
     assert llm.engine.model_config.eos_token_ids == (1,)
+
+
+@pytest.mark.parametrize("dtype,file_type", [("float32", "F32"), ("bfloat16", "BF16")])
+def test_the_checkpoint_says_what_the_files_hold(tmp_path, dtype, file_type):
+    weights = write_tiny_checkpoint(tmp_path, dtype=dtype, shards=2)
+    info = model_info_of(LLM(str(tmp_path)).engine)
+    assert (info.file_type, info.architecture, info.source) == (file_type, "llama", str(tmp_path))
+    assert info.num_parameters == sum(int(np.prod(w.shape)) for w in weights.values())
 
 
 def test_unsupported_architecture_is_named(tmp_path):

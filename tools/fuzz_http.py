@@ -57,13 +57,15 @@ from schemathesis.specs.openapi.checks import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from openai_shapes import error_body_problem, sse_data, stream_problem  # noqa: E402
+from openai_shapes import error_body_problem, ndjson_problem, sse_data, stream_problem  # noqa: E402
 from server_under_test import add_server_arguments, served, served_model, wait_idle  # noqa: E402
 
 DEFAULT_SERVER_ARGS = "--max-model-len 256 --kv-cache-memory 64MiB"
 # the fields that bound generated tokens, by API (completions; chat; responses)
 LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 CAPS = {**dict.fromkeys(LIMIT_FIELDS, 4), "n": 2, "best_of": 2}
+OLLAMA_GENERATION = ("/api/chat", "/api/generate")   # bounded by options.num_predict; stream by default
+NDJSON = "application/x-ndjson"
 MAX_PROMPTS = 4
 # prompts and conversations the server admits, for the cases made to reach the engine
 ADMISSIBLE_PROMPTS = ["Hello", "The capital of France is", "1, 2, 3,", "def f(x):", "Über straße 🚀"]
@@ -110,8 +112,9 @@ def limit_fields(operation) -> tuple[str, ...]:
 
 
 def is_generation(operation) -> bool:
-    """A POST whose body bounds the tokens generated (completions, chat, responses)."""
-    return operation.method.upper() == "POST" and bool(limit_fields(operation))
+    """A POST whose body bounds the tokens generated (completions, chat, responses, Ollama's)."""
+    return operation.method.upper() == "POST" and (bool(limit_fields(operation))
+                                                   or operation.path in OLLAMA_GENERATION)
 
 
 def operations_of(spec: dict) -> list:
@@ -241,6 +244,9 @@ def make_cheap(case, rng: random.Random, model: str | None, args) -> None:
     positive = case.meta is not None and case.meta.generation.mode is GenerationMode.POSITIVE
     if positive and rng.random() < args.reach_share:
         reach_engine(body, rng)
+    if case.operation.path in OLLAMA_GENERATION:
+        _cap_ollama(body, rng)
+        return
     for key, cap in CAPS.items():
         if key in body:
             body[key] = _capped(body[key], cap, rng)
@@ -252,6 +258,16 @@ def make_cheap(case, rng: random.Random, model: str | None, args) -> None:
         body["prompt"] = prompt[:MAX_PROMPTS]
     if "stream" not in body and rng.random() < args.stream_share:
         body["stream"] = True
+
+
+def _cap_ollama(body: dict, rng: random.Random) -> None:
+    """Ollama's token bound lives in options (absent or <= 0: up to the context length)."""
+    options = body.setdefault("options", {})
+    if not isinstance(options, dict):
+        return
+    limit = options.get("num_predict")
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 0 < limit <= CAPS["max_tokens"]:
+        options["num_predict"] = rng.randint(1, CAPS["max_tokens"])
 
 
 # ---------------------------------------------------------------- one case
@@ -276,6 +292,10 @@ def _declared_media_types(spec: dict, operation, status: int) -> set[str]:
     if "$ref" in response:
         response = spec["components"]["responses"][response["$ref"].rsplit("/", 1)[-1]]
     return {media.split(";")[0].strip().lower() for media in response.get("content", {})}
+
+
+def _is_ndjson(response: requests.Response) -> bool:
+    return response.headers.get("Content-Type", "").split(";")[0].strip().lower() == NDJSON
 
 
 def _is_event_stream(response: requests.Response) -> bool:
@@ -322,7 +342,7 @@ class Checker:
     def _spec_checks(self, case, response: requests.Response) -> list:
         checks = SPEC_CHECKS
         declared = _declared_media_types(self.spec, case.operation, response.status_code)
-        if _is_event_stream(response) and "text/event-stream" not in declared:
+        if (_is_event_stream(response) and "text/event-stream" not in declared) or _is_ndjson(response):
             checks = [not_a_server_error, status_code_conformance]   # the spec says nothing about the stream
         if self.allow_overload and response.status_code == 503 and "Retry-After" in response.headers:
             checks = [c for c in checks if c is not not_a_server_error]
@@ -341,8 +361,11 @@ class Checker:
         elif _is_event_stream(response):
             text = response.content.decode("utf-8", errors="replace")
             problems += [p for p in (stream_problem(text), self.chunks.problem(text)) if p]
+        elif _is_ndjson(response):
+            problem = ndjson_problem(response.content.decode("utf-8", errors="replace"))
+            problems += [problem] if problem else []
         elif isinstance(case.body, dict) and case.body.get("stream") is True and response.status_code == 200 \
-                and is_generation(case.operation):
+                and is_generation(case.operation) and case.operation.path not in OLLAMA_GENERATION:
             problems.append("stream=true answered without an event stream")
         return problems
 

@@ -1,5 +1,6 @@
 """What the HTTP tools (fuzz_http.py, soak.py) hold every response to: OpenAI's error shape (Anthropic's
-on /v1/messages) and a well-formed server-sent-event stream. Each check returns a problem in words, or None."""
+on /v1/messages, Ollama's on /api/), a well-formed server-sent-event stream and a well-formed
+Ollama NDJSON stream. Each check returns a problem in words, or None."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ DONE = "[DONE]"
 RESPONSES_TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 _SERVER_ERROR_TYPES = {"server_error", "internal_error", "internal_server_error"}
 ANTHROPIC_PREFIX = "/v1/messages"     # its routes answer in Anthropic's shapes
+OLLAMA_PREFIX = "/api/"               # Ollama's
 
 
 def error_problem(body) -> str | None:
@@ -46,7 +48,37 @@ def error_body_problem(raw: bytes, path: str = "") -> str | None:
         body = json.loads(raw)
     except ValueError:
         return f"error body is not JSON: {raw[:120]!r}"
-    return anthropic_error_problem(body) if path.startswith(ANTHROPIC_PREFIX) else error_problem(body)
+    if path.startswith(ANTHROPIC_PREFIX):
+        return anthropic_error_problem(body)
+    return ollama_error_problem(body) if path.startswith(OLLAMA_PREFIX) else error_problem(body)
+
+
+def ollama_error_problem(body) -> str | None:
+    """`{"error": str}`."""
+    if not isinstance(body, dict) or not isinstance(body.get("error"), str) or not body["error"]:
+        return "not an Ollama error: no non-empty 'error' string"
+    return None
+
+
+def ndjson_problem(text: str) -> str | None:
+    """An Ollama stream: JSON objects a line each, the last one done=true (or an error object,
+    which must not be a server's failure)."""
+    lines = [line for line in text.split("\n") if line.strip()]
+    if not lines:
+        return "empty NDJSON stream"
+    try:
+        objects = [json.loads(line) for line in lines]
+    except ValueError:
+        return "NDJSON stream with a line that is not JSON"
+    if not all(isinstance(o, dict) for o in objects):
+        return "NDJSON stream with a line that is not an object"
+    last = objects[-1]
+    if "error" in last:
+        return ollama_error_problem(last) or (f"NDJSON stream ended by an error: {last['error'][:120]}"
+                                              if "constraint" not in last["error"] else None)
+    if last.get("done") is not True or any(o.get("done") for o in objects[:-1]):
+        return "NDJSON stream whose last object, and only it, is not done=true"
+    return None
 
 
 def sse_data(text: str) -> list[str]:

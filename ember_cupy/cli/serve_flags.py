@@ -15,7 +15,7 @@ def server_flags(parser, add) -> None:
     add(g, "--port", type=int, default=8000)
     add(g, "--served-model-name", nargs="+", default=None, help="model name(s) clients use")
     add(g, "--api-key", default=None,
-        help="require 'Authorization: Bearer <key>' (scheme in any case) or 'x-api-key: <key>' on /v1/*, /tokenize, /detokenize and "
+        help="require 'Authorization: Bearer <key>' (scheme in any case) or 'x-api-key: <key>' on /v1/*, /api/*, /tokenize, /detokenize and "
              "/tokenizer_info; /health, /metrics, /version, /openapi.json and the pages / (chat) and /docs "
              "stay public")
     add(g, "--allowed-origins", nargs="+", default=[], help="CORS origins ('*' for any); off when unset")

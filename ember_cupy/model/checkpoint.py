@@ -85,6 +85,8 @@ class Checkpoint:
     tokenizer: "object"           # ember_cupy.tokenizer.Tokenizer
     source: str
     stored_dtype: str | None = None   # the file's float dtype (HF: float32/float16/bfloat16; GGUF: None)
+    file_type: str = "unknown"        # what the file holds: GGUF's general.file_type (Q4_K_M...), HF: BF16...
+    num_parameters: int = 0           # the elements of every tensor of the file
 
     def take(self, name: str):
         """require(name), removing it from the checkpoint (the caller now holds the only copy)."""

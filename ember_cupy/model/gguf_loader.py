@@ -45,6 +45,8 @@ def load_gguf_tokenizer(path: str):
 
 def load_gguf(path: str, progress: ProgressCallback | None = None) -> Checkpoint:
     reader = _open_reader(path)
+    num_parameters = sum(int(np.prod(t.shape, dtype=np.int64)) for t in reader.tensors)
+    file_type = _file_type_name(field_value(reader, "general.file_type"))
     arch = field_value(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {arch!r} in {path}; "
@@ -57,7 +59,18 @@ def load_gguf(path: str, progress: ProgressCallback | None = None) -> Checkpoint
     prepare_linear_weights(weights, config.num_layers)
     if "lm_head" not in weights:
         config = _replace(config, tie_word_embeddings=True)
-    return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=path)
+    return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=path, file_type=file_type,
+                      num_parameters=num_parameters)
+
+
+def _file_type_name(value) -> str:
+    """GGUF's general.file_type by llama.cpp's name (15 -> Q4_K_M); "unknown" when absent."""
+    from gguf import LlamaFileType
+    try:
+        name = LlamaFileType(int(value)).name
+    except (TypeError, ValueError):
+        return "unknown"
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
 
 def _replace(config: ModelConfig, **changes) -> ModelConfig:

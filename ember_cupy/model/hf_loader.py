@@ -64,6 +64,7 @@ def load_hf_directory(path: str, progress: ProgressCallback | None = None) -> Ch
     config = model_config_from_hf(raw, arch, tokenizer, name=os.path.basename(os.path.normpath(path)))
     weights = _read_safetensors(path, _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES, progress)
     check_weight_shapes(weights, config, path)
+    num_parameters = sum(int(np.prod(w.shape, dtype=np.int64)) for w in weights.values())
     if arch == "gemma3":
         for name in weights:
             if name.endswith("norm"):
@@ -71,8 +72,10 @@ def load_hf_directory(path: str, progress: ProgressCallback | None = None) -> Ch
     prepare_linear_weights(weights, config.num_layers)
     if not config.tie_word_embeddings and "lm_head" not in weights:
         raise ValueError(f"{path}: lm_head.weight missing and tie_word_embeddings is false")
-    return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=path,
-                      stored_dtype=_stored_dtype(path))
+    stored_dtype = _stored_dtype(path)
+    return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=path, stored_dtype=stored_dtype,
+                      file_type=_FILE_TYPES.get(stored_dtype, "unknown"),
+                      num_parameters=num_parameters)
 
 
 def _architecture(raw: dict, path: str) -> str:
@@ -264,6 +267,7 @@ def _half_matrix(file: str, entry: dict, data_start: int):
 
 
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+_FILE_TYPES = {dtype: name for name, dtype in _SAFETENSORS_DTYPES.items()}
 
 
 def _stored_dtype(path: str) -> str | None:

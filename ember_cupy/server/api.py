@@ -1,4 +1,5 @@
-"""The aiohttp application: OpenAI-compatible routes, Anthropic's /v1/messages, health, metrics, tokenizer and docs."""
+"""The aiohttp application: OpenAI-compatible routes, Anthropic's /v1/messages, Ollama's /api/,
+health, metrics, tokenizer and docs."""
 from __future__ import annotations
 
 import asyncio
@@ -104,6 +105,20 @@ def _messages_serving(serving):
     return MessagesServing(serving)
 
 
+def _ollama_serving(serving):
+    from ember_cupy.server.ollama_api import OllamaServing
+    return OllamaServing(serving)
+
+
+# Ollama's native API: route -> (method, OllamaServing's handler)
+OLLAMA_ROUTES = {"/api/chat": ("post", "chat"), "/api/generate": ("post", "generate"),
+                 "/api/embed": ("post", "embed"), "/api/embeddings": ("post", "embeddings"),
+                 "/api/tags": ("get", "tags"), "/api/ps": ("get", "ps"), "/api/show": ("post", "show"),
+                 "/api/version": ("get", "version"), "/api/pull": ("post", "pull"),
+                 "/api/create": ("post", "not_supported"), "/api/copy": ("post", "not_supported"),
+                 "/api/push": ("post", "not_supported"), "/api/delete": ("delete", "not_supported")}
+
+
 def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     app = base_app(settings)
     serving = OpenAIServing(engine, settings.served_model_names, settings.max_prompt_tokens_per_request,
@@ -121,6 +136,9 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     messages = _BuiltAtFirstRequest(lambda: _messages_serving(serving))
     app.router.add_post("/v1/messages", messages.handler("create"))
     app.router.add_post("/v1/messages/count_tokens", messages.handler("count_tokens"))
+    ollama = _BuiltAtFirstRequest(lambda: _ollama_serving(serving))
+    for path, (method, name) in OLLAMA_ROUTES.items():
+        app.router.add_route(method.upper(), path, ollama.handler(name))
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_get("/v1/models/{model}", handlers.model)
     app.router.add_get("/health", handlers.health)

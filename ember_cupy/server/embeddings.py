@@ -31,13 +31,23 @@ class EmbeddingsServing:
         serving.ensure_ready()
         req = validate(EmbeddingRequest, body, self.engine.tokenizer.vocab_size)
         serving.check_model(req.model)
-        self._check_dimensions(req.dimensions)
+        self.check_dimensions(req.dimensions)
         try:
             params = PoolingParams(truncate_prompt_tokens=req.truncate_prompt_tokens)
         except ValueError as exc:
             raise from_value_error(exc, param="truncate_prompt_tokens") from None
-        token_ids = await serving.tokenize_prompts(req.input, "input", add_special_tokens=True, params=params)
-        streams = await self._admit(req.input, token_ids, params)
+        finals = await self.pooled(req.input, params)
+        num_tokens = sum(len(final.prompt_token_ids) for final in finals)
+        return web.json_response({
+            "object": "list", "model": req.model or serving.model_names[0],
+            "data": [{"object": "embedding", "index": index, "embedding": _encode(final.embedding, req.encoding_format)}
+                     for index, final in enumerate(finals)],
+            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})
+
+    async def pooled(self, inputs: list, params: PoolingParams) -> list:
+        """Each input's final output, its embedding computed (a 400 naming `input` if one is refused)."""
+        token_ids = await self.serving.tokenize_prompts(inputs, "input", add_special_tokens=True, params=params)
+        streams = await self._admit(inputs, token_ids, params)
         try:
             finals = await asyncio.gather(*[stream.final() for stream in streams])
         except (EngineDeadError, EngineNotReadyError) as exc:
@@ -48,14 +58,9 @@ class EmbeddingsServing:
         if any(final.embedding is None for final in finals):   # aborted (the server is stopping)
             raise APIError(503, "the request was aborted before its embeddings were computed",
                            code="engine_not_ready")
-        num_tokens = sum(len(final.prompt_token_ids) for final in finals)
-        return web.json_response({
-            "object": "list", "model": req.model or serving.model_names[0],
-            "data": [{"object": "embedding", "index": index, "embedding": _encode(final.embedding, req.encoding_format)}
-                     for index, final in enumerate(finals)],
-            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})
+        return finals
 
-    def _check_dimensions(self, dimensions: int | None) -> None:
+    def check_dimensions(self, dimensions: int | None) -> None:
         size = self.engine.model_info().hidden_size
         if dimensions is not None and dimensions != size:
             raise APIError(400, f"'dimensions' {dimensions} is not supported: this model's embeddings have "

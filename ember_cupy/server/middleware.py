@@ -1,4 +1,5 @@
-"""aiohttp middlewares: OpenAI-shaped errors (Anthropic's on /v1/messages), API-key auth, opt-in CORS."""
+"""aiohttp middlewares: OpenAI-shaped errors (Anthropic's on /v1/messages, Ollama's on /api/), API-key
+auth, opt-in CORS."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +8,7 @@ import logging
 
 from aiohttp import web
 
-from ember_cupy.server import anthropic_errors
+from ember_cupy.server import anthropic_errors, ollama_errors
 from ember_cupy.server.errors import APIError, bad_request, from_http_exception
 
 log = logging.getLogger("ember_cupy.server")
@@ -15,7 +16,7 @@ log = logging.getLogger("ember_cupy.server")
 # With an API key these need "Authorization: Bearer <key>" or Anthropic's "x-api-key: <key>"; every
 # other route (/health, /metrics, /version, /openapi.json, the / and /docs pages: probes, scrapers,
 # docs) stays public. cli/serve_flags.py's --api-key help and README.md list both.
-PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+PROTECTED_PREFIXES = ("/v1/", "/api/", "/tokenize", "/detokenize")
 
 
 def error_middleware():
@@ -43,6 +44,8 @@ def error_middleware():
 def _response(request: web.Request, error: APIError) -> web.Response:
     if anthropic_errors.speaks_anthropic(request.path):
         return error.response(anthropic_errors.error_body(error))
+    if ollama_errors.speaks_ollama(request.path):
+        return error.response(ollama_errors.error_body(error))
     return error.response()
 
 

@@ -9,8 +9,10 @@ from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 from ember_cupy.server.anthropic_errors import speaks_anthropic
 from ember_cupy.server.middleware import PROTECTED_PREFIXES
+from ember_cupy.server.ollama_errors import speaks_ollama
 from ember_cupy.server.protocol import anthropic as AN
 from ember_cupy.server.protocol import embeddings as E
+from ember_cupy.server.protocol import ollama as O
 from ember_cupy.server.protocol import requests as Q
 from ember_cupy.server.protocol import replies as A
 from ember_cupy.server.protocol import responses_api as RA
@@ -20,6 +22,9 @@ ERRORS = {400: "Bad request: `param` names the field", 401: "Missing or wrong AP
           404: "Unknown model", 413: "Body too large", 415: "Content-Type is not application/json",
           503: "Loading, dead, or overloaded (Retry-After)"}
 ANTHROPIC_ERRORS = {**ERRORS, 400: "Bad request: the message names the field"}
+OLLAMA_ERRORS = {**ANTHROPIC_ERRORS, 404: "Unknown model, or a route of Ollama's model store (not supported)",
+                 500: "The output constraint failed"}
+OLLAMA_STREAM = " (stream=true, the default: newline-delimited JSON, one object per delta, the last with done=true)"
 HTML, TEXT = "text/html", "text/plain"   # the responses that are no JSON: their media type
 # method, path, summary, request model, response model (or a media type), error statuses
 ROUTES = [
@@ -35,6 +40,25 @@ ROUTES = [
      AN.CountTokensRequest, AN.CountTokensResponse, (400, 401, 404, 413, 415, 503)),
     ("post", "/v1/embeddings", f"Embeddings of the inputs. {E.POOLING_DESCRIPTION}", E.EmbeddingRequest,
      E.EmbeddingResponse, (400, 401, 404, 413, 415, 503)),
+    ("post", "/api/chat", "Ollama's chat" + OLLAMA_STREAM, O.OllamaChatRequest, O.OllamaChatChunk,
+     (400, 401, 404, 413, 500, 503)),
+    ("post", "/api/generate", "Ollama's generate: the prompt as a user turn, or as it is with raw=true"
+     + OLLAMA_STREAM, O.OllamaGenerateRequest, O.OllamaGenerateChunk, (400, 401, 404, 413, 500, 503)),
+    ("post", "/api/embed", f"Ollama's embeddings. {E.POOLING_DESCRIPTION}", O.OllamaEmbedRequest,
+     O.OllamaEmbedResponse, (400, 401, 404, 413, 503)),
+    ("post", "/api/embeddings", "Ollama's older embeddings route: one prompt, not normalised",
+     O.OllamaEmbeddingsRequest, O.OllamaEmbeddingsResponse, (400, 401, 404, 413, 503)),
+    ("get", "/api/tags", "Ollama's list of the served models", None, O.OllamaTags, (401, 503)),
+    ("get", "/api/ps", "Ollama's list of the loaded models", None, O.OllamaProcesses, (401, 503)),
+    ("post", "/api/show", "Ollama's description of a served model", O.OllamaShowRequest, O.OllamaShowResponse,
+     (400, 401, 404, 503)),
+    ("get", "/api/version", "The Ollama release whose API the /api/ routes follow", None, O.OllamaVersion, (401,)),
+    ("post", "/api/pull", "Succeeds for a served model; nothing is downloaded", O.OllamaPullRequest,
+     O.OllamaStatus, (400, 401, 404, 503)),
+    ("post", "/api/create", "Not supported: no model store", None, O.OllamaError, (401, 404)),
+    ("post", "/api/copy", "Not supported: no model store", None, O.OllamaError, (401, 404)),
+    ("post", "/api/push", "Not supported: no model store", None, O.OllamaError, (401, 404)),
+    ("delete", "/api/delete", "Not supported: no model store", None, O.OllamaError, (401, 404)),
     ("get", "/v1/models", "The served models", None, A.ModelList, (401,)),
     ("get", "/v1/models/{model}", "One served model", None, A.ModelCard, (401, 404)),
     ("get", "/health", "200 when the engine is ready", None, A.HealthResponse, (503,)),
@@ -64,7 +88,7 @@ class _NoTitles(GenerateJsonSchema):
 
 
 def _models() -> list[type[BaseModel]]:
-    found = {A.ErrorResponse, A.ChatCompletionChunk, AN.AnthropicErrorResponse}
+    found = {A.ErrorResponse, A.ChatCompletionChunk, AN.AnthropicErrorResponse, O.OllamaError}
     for *_, request, response, _ in ROUTES:
         found.update(m for m in (request, response) if isinstance(m, type) and issubclass(m, BaseModel))
     return sorted(found, key=lambda m: m.__name__)
@@ -97,8 +121,8 @@ def _operation(path: str, summary: str, request, response, errors) -> dict:
         ok.update(_json(_ref(response)))
     else:
         ok.update(_json(_ref(response)))
-    error, described = (AN.AnthropicErrorResponse, ANTHROPIC_ERRORS) if speaks_anthropic(path) \
-        else (A.ErrorResponse, ERRORS)
+    error, described = ((AN.AnthropicErrorResponse, ANTHROPIC_ERRORS) if speaks_anthropic(path)
+                        else (O.OllamaError, OLLAMA_ERRORS) if speaks_ollama(path) else (A.ErrorResponse, ERRORS))
     operation = {"summary": summary, "responses": {
         "200": ok, **{str(s): {"description": described[s], **_json(_ref(error))} for s in errors}}}
     if path.startswith(PROTECTED_PREFIXES):   # a key when the server runs with --api-key

@@ -21,9 +21,10 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def read_json_body(request: web.Request) -> dict:
-    """The body as a dict, or an APIError naming what is wrong with it."""
-    if request.content_type != "application/json":
+async def read_json_body(request: web.Request, any_content_type: bool = False) -> dict:
+    """The body as a dict, or an APIError naming what is wrong with it. any_content_type: read it as
+    JSON whatever its Content-Type says (Ollama's routes: its docs' curl examples send none)."""
+    if request.content_type != "application/json" and not any_content_type:
         got = request.headers.get("Content-Type") or "none"
         raise APIError(415, f"Content-Type must be application/json, got {got!r}",
                        code="unsupported_media_type")

@@ -1,6 +1,6 @@
 """Bad input of every kind gets a 4xx with {"error": {message, type, param, code}} (on /v1/messages
-Anthropic's {"type": "error", "error": {type, message}}, the message naming the field): never a
-500, never a hang, never a leaked KV block."""
+Anthropic's {"type": "error", "error": {type, message}}, on /api/ Ollama's {"error": message}, the
+message naming the field): never a 500, never a hang, never a leaked KV block."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,7 @@ from server_helpers import BODY_LIMIT, MAX_MODEL_LEN, MODEL, http, metric
 
 C, CH, R, E = "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings"
 M, CT = "/v1/messages", "/v1/messages/count_tokens"
+OC, OG, OE, OES, OS, OP = "/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show", "/api/pull"
 MSG = [{"role": "user", "content": "hi"}]
 
 
@@ -209,6 +210,32 @@ CASES = [
     ("messages-too-long", "POST", M, chat(messages=[{"role": "user", "content": LONG_PROMPT}]), {}, 400, None),
     ("count-tokens-malformed-json", "POST", CT, b'{"messages": ', JSON, 400, None),
     ("count-tokens-missing-messages", "POST", CT, {"model": MODEL}, {}, 400, "messages"),
+    # Ollama's API (any Content-Type: its docs' curl examples send none)
+    ("ollama-chat-malformed-json", "POST", OC, b'{"messages": ', {}, 400, None),
+    ("ollama-chat-deep-json", "POST", OC, deep(5000, b"messages"), JSON, 400, None),
+    ("ollama-chat-missing-model", "POST", OC, {"messages": MSG}, {}, 400, "model"),
+    ("ollama-chat-unknown-model", "POST", OC, {"model": "gpt-9", "messages": MSG}, {}, 404, "gpt-9"),
+    ("ollama-chat-bad-role", "POST", OC, {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, {},
+     400, "messages[0].role"),
+    ("ollama-chat-surrogate", "POST", OC, {"model": MODEL, "messages": [{"role": "user", "content": SURROGATE}]},
+     {}, 400, "messages"),
+    ("ollama-chat-too-long", "POST", OC, {"model": MODEL, "messages": [{"role": "user", "content": LONG_PROMPT}]},
+     {}, 400, "context"),
+    ("ollama-generate-malformed-json", "POST", OG, b'{"prompt": ', {}, 400, None),
+    ("ollama-generate-negative-context", "POST", OG, {"model": MODEL, "prompt": "x", "context": [-1]}, {}, 400,
+     "context"),
+    ("ollama-generate-raw-unknown-option", "POST", OG, {"model": MODEL, "prompt": "x", "raw": True,
+                                                        "options": {"num_predic": 2}}, {}, 400, "num_predic"),
+    ("ollama-embed-malformed-json", "POST", OE, b'{"input": ', {}, 400, None),
+    ("ollama-embed-number-input", "POST", OE, {"model": MODEL, "input": 5}, {}, 400, "input"),
+    ("ollama-embed-too-many", "POST", OE, {"model": MODEL, "input": ["x"] * 65}, {}, 400, "input"),
+    ("ollama-embeddings-malformed-json", "POST", OES, b'{"prompt": ', {}, 400, None),
+    ("ollama-embeddings-missing-prompt", "POST", OES, {"model": MODEL}, {}, 400, "prompt"),
+    ("ollama-show-malformed-json", "POST", OS, b'{"model": ', {}, 400, None),
+    ("ollama-show-unknown-model", "POST", OS, {"model": "gpt-9"}, {}, 404, "gpt-9"),
+    ("ollama-pull-malformed-json", "POST", OP, b'{"model": ', {}, 400, None),
+    ("ollama-pull-unknown-model", "POST", OP, {"model": "gpt-9"}, {}, 404, "gpt-9"),
+    ("ollama-create", "POST", "/api/create", {"model": "x"}, {}, 404, "not supported"),
 ]
 
 
@@ -218,6 +245,11 @@ def test_bad_input(base_url, case):
     got, response_headers, raw = http(base_url, method, path, body, headers, timeout=30)
     assert got == status, raw
     assert response_headers.get("Content-Type", "").startswith("application/json")
+    if path.startswith("/api/"):
+        body = json.loads(raw)
+        assert list(body) == ["error"] and isinstance(body["error"], str) and body["error"], body
+        assert param is None or param in body["error"], body
+        return
     if path.startswith(M):
         body = json.loads(raw)
         assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
@@ -238,6 +270,7 @@ def test_matrix_reaches_every_json_endpoint(base_url):
     spec = json.loads(http(base_url, "GET", "/openapi.json")[2])
     endpoints = {path for path, item in spec["paths"].items() if "post" in item}
     syntax = {c[2] for c in CASES if c[1] == "POST" and isinstance(c[3], bytes) and c[5] == 400}
+    endpoints -= {"/api/create", "/api/copy", "/api/push"}   # not supported: they read no body
     fields = {c[2] for c in CASES if c[1] == "POST" and isinstance(c[3], dict) and c[6] is not None}
     assert endpoints and not endpoints - syntax, f"no bad JSON sent to {sorted(endpoints - syntax)}"
     assert not endpoints - fields, f"no bad field sent to {sorted(endpoints - fields)}"

@@ -145,7 +145,8 @@ def test_the_api_key_guards_exactly_the_operations_the_spec_and_the_help_name(sp
             is_guarded = operation.get("security") == [{"bearer": []}, {"apiKey": []}, {}]
             assert (_unauthenticated(keyed, method, path) == 401) is is_guarded, (method, path)
             assert ("401" in operation["responses"]) is is_guarded, (method, path)
-            (guarded if is_guarded else public).add("/v1/*" if path.startswith("/v1/") else path)
+            family = next((prefix + "*" for prefix in ("/v1/", "/api/") if path.startswith(prefix)), path)
+            (guarded if is_guarded else public).add(family)
     assert "/tokenizer_info" in guarded
     assert _routes_named(protected_help) == guarded
     assert _routes_named(public_help) == public
