@@ -29,7 +29,7 @@ class ModelInfo:
     enable_prefix_caching: bool = False
     source: str = ""             # the model's file or directory
     architecture: str = "unknown"
-    file_type: str = "unknown"   # Checkpoint.file_type: Q4_K_M, BF16, ...
+    file_type: str = "unknown"   # the checkpoint's ModelFacts: Q4_K_M, BF16, ...
     num_parameters: int = 0
 
 
@@ -59,7 +59,7 @@ class SchedulerStats:
 def model_info_of(llm_engine) -> ModelInfo:
     """The ModelInfo of an LLMEngine (in the engine's process: a Ray replica computes its own)."""
     from ember_cupy.info import runtime_info
-    config, runner = llm_engine.config, llm_engine.runner
+    config, runner, facts = llm_engine.config, llm_engine.runner, llm_engine.checkpoint.facts
     return ModelInfo(max_model_len=llm_engine.max_model_len, vocab_size=llm_engine.model_config.vocab_size,
                      hidden_size=llm_engine.model_config.hidden_size, policy=config.policy,
                      max_num_seqs=config.max_num_seqs, block_size=config.block_size,
@@ -69,7 +69,7 @@ def model_info_of(llm_engine) -> ModelInfo:
                      enable_prefix_caching=bool(config.enable_prefix_caching),
                      sampling_defaults=dict(llm_engine.sampling_defaults), source=llm_engine.checkpoint.source,
                      architecture=llm_engine.model_config.architecture,
-                     file_type=llm_engine.checkpoint.file_type, num_parameters=llm_engine.checkpoint.num_parameters)
+                     file_type=facts.file_type if facts else "unknown", num_parameters=facts.num_parameters if facts else 0)
 
 
 class EngineClient(Protocol):

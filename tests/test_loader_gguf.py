@@ -10,6 +10,7 @@ from ember_cupy.model.loader import load_checkpoint
 
 
 def test_default_model_facts(checkpoint):
+    from ember_cupy.model.loader import describe_model
     cfg = checkpoint.config
     assert (cfg.architecture, cfg.num_layers, cfg.hidden_size) == ("llama", 30, 576)
     assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (9, 3, 64)
@@ -17,7 +18,9 @@ def test_default_model_facts(checkpoint):
     assert cfg.vocab_size == 49152 and cfg.intermediate_size == 1536
     assert cfg.tie_word_embeddings and "lm_head" not in checkpoint.weights
     assert not cfg.add_bos_token
-    assert (checkpoint.file_type, checkpoint.num_parameters) == ("Q4_1", 134515008)   # llama.cpp's 134.52M
+    facts = checkpoint.facts
+    assert (facts.architecture, facts.file_type, facts.num_parameters) == ("llama", "Q4_1", 134515008)  # 134.52M
+    assert describe_model(checkpoint.source) == facts
     tok = checkpoint.tokenizer
     assert {tok.id_to_token(i) for i in cfg.eos_token_ids} == {"<|im_end|>", "<|endoftext|>"}
 

@@ -6,6 +6,8 @@ import pytest
 
 from ember_cupy import LLM, SamplingParams
 from ember_cupy.engine_client import model_info_of
+from ember_cupy.model.checkpoint import ModelFacts
+from ember_cupy.model.loader import describe_model
 from tiny_model import VOCAB, assert_greedy_matches_reference, reference_logits, write_tiny_checkpoint
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -54,6 +56,7 @@ def test_the_checkpoint_says_what_the_files_hold(tmp_path, dtype, file_type):
     info = model_info_of(LLM(str(tmp_path)).engine)
     assert (info.file_type, info.architecture, info.source) == (file_type, "llama", str(tmp_path))
     assert info.num_parameters == sum(int(np.prod(w.shape)) for w in weights.values())
+    assert describe_model(str(tmp_path)) == ModelFacts("llama", file_type, info.num_parameters)
 
 
 def test_unsupported_architecture_is_named(tmp_path):

@@ -78,6 +78,14 @@ def _fused(parts: list) -> np.ndarray | QuantizedTensor | QuantizedStack:
     return np.ascontiguousarray((floats[0] if len(floats) == 1 else np.concatenate(floats)).T)
 
 
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a model file is, read from its headers alone (no weights)."""
+    architecture: str
+    file_type: str        # GGUF's general.file_type by name (Q4_K_M, Q8_0...); a checkpoint's dtype (BF16...)
+    num_parameters: int   # the elements of every tensor of the file(s)
+
+
 @dataclass
 class Checkpoint:
     config: ModelConfig
@@ -85,8 +93,7 @@ class Checkpoint:
     tokenizer: "object"           # ember_cupy.tokenizer.Tokenizer
     source: str
     stored_dtype: str | None = None   # the file's float dtype (HF: float32/float16/bfloat16; GGUF: None)
-    file_type: str = "unknown"        # what the file holds: GGUF's general.file_type (Q4_K_M...), HF: BF16...
-    num_parameters: int = 0           # the elements of every tensor of the file
+    facts: ModelFacts | None = None   # what the file holds (read at load; None for one built in memory)
 
     def take(self, name: str):
         """require(name), removing it from the checkpoint (the caller now holds the only copy)."""

@@ -13,7 +13,13 @@ import numpy as np
 from ember_cupy.config import ModelConfig
 from ember_cupy.gguf_file import GGUFFile, release_pages
 from ember_cupy.gguf_metadata import field_value
-from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, check_weight_shapes, prepare_linear_weights
+from ember_cupy.model.checkpoint import (
+    Checkpoint,
+    ModelFacts,
+    ProgressCallback,
+    check_weight_shapes,
+    prepare_linear_weights,
+)
 from ember_cupy.quant import QuantizedTensor, half_tensor
 
 # llama.cpp's converter writes Mistral (and Llama 2/3, TinyLlama, SmolLM) as "llama".
@@ -45,8 +51,7 @@ def load_gguf_tokenizer(path: str):
 
 def load_gguf(path: str, progress: ProgressCallback | None = None) -> Checkpoint:
     reader = _open_reader(path)
-    num_parameters = sum(int(np.prod(t.shape, dtype=np.int64)) for t in reader.tensors)
-    file_type = _file_type_name(field_value(reader, "general.file_type"))
+    facts = _facts(reader)
     arch = field_value(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {arch!r} in {path}; "
@@ -59,8 +64,17 @@ def load_gguf(path: str, progress: ProgressCallback | None = None) -> Checkpoint
     prepare_linear_weights(weights, config.num_layers)
     if "lm_head" not in weights:
         config = _replace(config, tie_word_embeddings=True)
-    return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=path, file_type=file_type,
-                      num_parameters=num_parameters)
+    return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=path, facts=facts)
+
+
+def describe_gguf(path: str) -> ModelFacts:
+    return _facts(_open_reader(path))
+
+
+def _facts(reader: GGUFFile) -> ModelFacts:
+    return ModelFacts(architecture=str(field_value(reader, "general.architecture", "unknown")),
+                      file_type=_file_type_name(field_value(reader, "general.file_type")),
+                      num_parameters=sum(int(np.prod(t.shape, dtype=np.int64)) for t in reader.tensors))
 
 
 def _file_type_name(value) -> str:

@@ -9,7 +9,13 @@ import numpy as np
 
 from ember_cupy.config import ModelConfig
 from ember_cupy.json_file import read_json_object
-from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback, check_weight_shapes, prepare_linear_weights
+from ember_cupy.model.checkpoint import (
+    Checkpoint,
+    ModelFacts,
+    ProgressCallback,
+    check_weight_shapes,
+    prepare_linear_weights,
+)
 from ember_cupy.quant import HALF_TYPES, half_tensor
 
 SUPPORTED_ARCHITECTURES = {
@@ -64,7 +70,6 @@ def load_hf_directory(path: str, progress: ProgressCallback | None = None) -> Ch
     config = model_config_from_hf(raw, arch, tokenizer, name=os.path.basename(os.path.normpath(path)))
     weights = _read_safetensors(path, _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES, progress)
     check_weight_shapes(weights, config, path)
-    num_parameters = sum(int(np.prod(w.shape, dtype=np.int64)) for w in weights.values())
     if arch == "gemma3":
         for name in weights:
             if name.endswith("norm"):
@@ -72,10 +77,18 @@ def load_hf_directory(path: str, progress: ProgressCallback | None = None) -> Ch
     prepare_linear_weights(weights, config.num_layers)
     if not config.tie_word_embeddings and "lm_head" not in weights:
         raise ValueError(f"{path}: lm_head.weight missing and tie_word_embeddings is false")
-    stored_dtype = _stored_dtype(path)
-    return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=path, stored_dtype=stored_dtype,
-                      file_type=_FILE_TYPES.get(stored_dtype, "unknown"),
-                      num_parameters=num_parameters)
+    return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=path,
+                      stored_dtype=_stored_dtype(path), facts=describe_hf(path, raw))
+
+
+def describe_hf(path: str, raw: dict | None = None) -> ModelFacts:
+    raw = _read_config(path) if raw is None else raw
+    count = 0
+    for file in _shard_files(path):
+        entries, _ = _safetensors_header(file)
+        count += sum(int(np.prod(e["shape"], dtype=np.int64)) for n, e in entries.items() if n != "__metadata__")
+    return ModelFacts(architecture=_architecture(raw, path), file_type=_FILE_TYPES.get(_stored_dtype(path), "unknown"),
+                      num_parameters=count)
 
 
 def _architecture(raw: dict, path: str) -> str:

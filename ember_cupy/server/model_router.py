@@ -1,22 +1,29 @@
 """The HTTP face of a ModelPool: the one-model server's endpoints, each request handed to the
 application of the model its body names (loaded on demand), plus llama.cpp's router endpoints:
 GET /v1/models (every model, with its status), POST /models/load and /models/unload
-({"model": name}). /health answers for the router; /metrics joins the loaded models' series."""
+({"model": name}). /health answers for the router; /metrics joins the loaded models' series.
+Ollama's routes too: those naming a model go to it (`name:latest` is `name`), GET /api/tags lists
+every model of the directory (described from its file headers), /api/ps the loaded ones."""
 from __future__ import annotations
 
+import asyncio
 import time
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from ember_cupy.server import ollama_models
 from ember_cupy.server.api import ServerSettings, base_app
 from ember_cupy.server.errors import APIError
+from ember_cupy.model.loader import describe_model
 from ember_cupy.server.model_pool import ModelPool
+from ember_cupy.server.ollama_requests import served_name
 from ember_cupy.server.validation import read_json_body
 
 # the endpoints whose JSON body names the model
 MODEL_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/v1/messages",
                 "/v1/messages/count_tokens", "/tokenize", "/detokenize")
+OLLAMA_MODEL_ROUTES = ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show", "/api/pull")
 POOL_KEY = web.AppKey("model_pool", ModelPool)
 
 
@@ -24,8 +31,11 @@ def build_router_app(pool: ModelPool, settings: ServerSettings) -> web.Applicati
     app = base_app(settings)
     app[POOL_KEY] = pool
     router = _Router(pool)
-    for path in MODEL_ROUTES:
+    for path in MODEL_ROUTES + OLLAMA_MODEL_ROUTES:
         app.router.add_post(path, router.forward)
+    app.router.add_get("/api/tags", router.ollama_tags)
+    app.router.add_get("/api/ps", router.ollama_ps)
+    app.router.add_get("/api/version", router.ollama_version)
     app.router.add_get("/v1/responses/{response_id}", router.stored_response)
     app.router.add_get("/v1/models", router.models)
     app.router.add_post("/models/load", router.load)
@@ -49,12 +59,43 @@ class _Router:
     def __init__(self, pool: ModelPool):
         self.pool = pool
         self.created = int(time.time())
+        self.facts: dict[str, object] = {}     # path -> ModelFacts of a model read while unloaded
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
-        body = await read_json_body(request)     # aiohttp keeps the bytes: the model's handler reads them again
-        name = body.get("model")
+        ollama = request.path.startswith("/api/")
+        # aiohttp keeps the bytes: the model's handler reads them again
+        body = await read_json_body(request, any_content_type=ollama)
+        name = body.get("model") or (body.get("name") if ollama else None)
+        if ollama and isinstance(name, str):
+            name = served_name(name, list(self.pool.models)) or name
         app = self.pool.acquire(name if isinstance(name, str) else None)
         return await _handle(app, request)
+
+    async def ollama_tags(self, request: web.Request) -> web.Response:
+        entries = []
+        for model in self.pool.models.values():
+            facts = model.engine.model_info() if model.status == "loaded" else await self._facts(model.path)
+            entries.append(ollama_models.tags_entry(model.name, model.path, facts, ollama_models.ServedFile(model.path)))
+        return web.json_response({"models": entries})
+
+    async def ollama_ps(self, request: web.Request) -> web.Response:
+        entries = [ollama_models.running_entry(m.name, m.engine.model_info(), ollama_models.ServedFile(m.path),
+                                               m.engine.max_model_len)
+                   for m in self.pool.models.values() if m.status == "loaded"]
+        return web.json_response({"models": entries})
+
+    async def ollama_version(self, request: web.Request) -> web.Response:
+        from ember_cupy.server.ollama_api import OLLAMA_API_VERSION
+        return web.json_response({"version": OLLAMA_API_VERSION})
+
+    async def _facts(self, path: str):
+        """A model's facts from its file headers (read once, off the loop: a GGUF's vocabulary is big)."""
+        if path not in self.facts:
+            try:
+                self.facts[path] = await asyncio.to_thread(describe_model, path)
+            except (ValueError, OSError) as exc:
+                raise APIError(500, f"{path}: {exc}", code="model_unreadable") from None
+        return self.facts[path]
 
     async def stored_response(self, request: web.Request) -> web.StreamResponse:
         """A stored response lives with the model that made it: the loaded ones are asked in turn."""

@@ -195,7 +195,7 @@ class OllamaServing:
     async def tags(self, request: web.Request) -> web.Response:
         self.serving.ensure_ready()
         info, served = self.engine.model_info(), self._file()
-        return web.json_response({"models": [models.tags_entry(name, info, served)
+        return web.json_response({"models": [models.tags_entry(name, info.source, info, served)
                                              for name in self.serving.model_names]})
 
     async def ps(self, request: web.Request) -> web.Response:

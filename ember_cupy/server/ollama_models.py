@@ -6,6 +6,7 @@ import hashlib
 import os
 
 from ember_cupy.engine_client import ModelInfo
+from ember_cupy.model.checkpoint import ModelFacts
 from ember_cupy.server.ollama_replies import now_rfc3339
 from ember_cupy.server.ollama_requests import LATEST
 
@@ -26,11 +27,11 @@ def parameter_size(count: int) -> str:
     return str(count)
 
 
-def details(info: ModelInfo) -> dict:
-    family = info.architecture
-    return {"parent_model": "", "format": "gguf" if info.source.endswith(".gguf") else "safetensors",
-            "family": family, "families": [family], "parameter_size": parameter_size(info.num_parameters),
-            "quantization_level": info.file_type}
+def details(source: str, facts: ModelInfo | ModelFacts) -> dict:
+    family = facts.architecture
+    return {"parent_model": "", "format": "gguf" if source.endswith(".gguf") else "safetensors",
+            "family": family, "families": [family], "parameter_size": parameter_size(facts.num_parameters),
+            "quantization_level": facts.file_type}
 
 
 def _files(source: str) -> list[str]:
@@ -51,23 +52,23 @@ class ServedFile:
         self.digest = hashlib.sha256(identity.encode()).hexdigest()
 
 
-def tags_entry(name: str, info: ModelInfo, served: ServedFile) -> dict:
+def tags_entry(name: str, source: str, facts: ModelInfo | ModelFacts, served: ServedFile) -> dict:
     listed = listed_name(name)
     return {"name": listed, "model": listed, "modified_at": now_rfc3339(served.modified), "size": served.size,
-            "digest": served.digest, "details": details(info)}
+            "digest": served.digest, "details": details(source, facts)}
 
 
 def running_entry(name: str, info: ModelInfo, served: ServedFile, max_model_len: int) -> dict:
     listed = listed_name(name)
     on_gpu = info.runtime.get("backend") not in (None, "numpy")
     return {"name": listed, "model": listed, "size": info.weight_bytes, "digest": served.digest,
-            "details": details(info), "expires_at": NEVER, "size_vram": info.weight_bytes if on_gpu else 0,
+            "details": details(info.source, info), "expires_at": NEVER, "size_vram": info.weight_bytes if on_gpu else 0,
             "context_length": max_model_len}
 
 
 def show_body(info: ModelInfo, served: ServedFile, template: str, capabilities: list[str]) -> dict:
     arch = info.architecture
-    return {"modelfile": "", "parameters": "", "template": template, "details": details(info),
+    return {"modelfile": "", "parameters": "", "template": template, "details": details(info.source, info),
             "model_info": {"general.architecture": arch, "general.parameter_count": info.num_parameters,
                            f"{arch}.context_length": info.max_model_len,
                            f"{arch}.embedding_length": info.hidden_size,

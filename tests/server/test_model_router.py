@@ -144,3 +144,30 @@ def test_discovery_takes_gguf_files_and_model_folders(tmp_path):
     assert sorted(discover_models(str(tmp_path))) == ["a", "big", "hf"]
     with pytest.raises(ValueError, match="not a directory"):
         discover_models(str(tmp_path / "a.gguf"))
+
+
+def test_ollamas_routes_list_the_directory_and_reach_each_model(models_dir, checkpoint):
+    import json
+    server = _router(models_dir, checkpoint, models_max=1)
+    try:
+        url = server.url
+        _, _, body = http(url, "GET", "/api/tags")
+        tags = json.loads(body)["models"]     # described from the files' headers, none loaded
+        assert [t["name"] for t in tags] == ["smol-a:latest", "smol-b:latest"] and not server.loads
+        assert {(t["details"]["family"], t["details"]["quantization_level"]) for t in tags} == {("llama", "Q4_1")}
+        assert json.loads(http(url, "GET", "/api/ps")[2]) == {"models": []}
+        chat = {"model": "smol-b:latest", "messages": [{"role": "user", "content": "Hi"}], "stream": False,
+                "options": {"num_predict": 2}}
+        deadline = time.monotonic() + 120
+        status, _, body = http(url, "POST", "/api/chat", chat)
+        while status == 503 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            status, _, body = http(url, "POST", "/api/chat", chat)
+        assert status == 200 and json.loads(body)["done"] and server.loads == ["smol-b"]
+        (running,) = json.loads(http(url, "GET", "/api/ps")[2])["models"]
+        assert running["name"] == "smol-b:latest" and running["context_length"] == MAX_MODEL_LEN
+        status, _, body = http(url, "POST", "/api/chat", dict(chat, model="smol-c"))
+        assert status == 404 and "smol-c" in json.loads(body)["error"]
+        assert json.loads(http(url, "GET", "/api/version")[2])["version"]
+    finally:
+        server.stop()
