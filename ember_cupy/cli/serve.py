@@ -108,6 +108,7 @@ def _async_engine(args, name: str, model: str | None = None, progress: bool = Tr
 def _router_app(args, settings):
     """Every model of --models-dir behind one address, each loaded on its first request."""
     from ember_cupy.host_memory import memory_limit
+    from ember_cupy.model.loader import describe_model
     from ember_cupy.server.api import build_app
     from ember_cupy.server.model_pool import ModelPool, discover_models
     from ember_cupy.server.model_router import build_router_app
@@ -116,7 +117,7 @@ def _router_app(args, settings):
         engine = _async_engine(args, name, path, progress=False)
         return engine, build_app(engine, server_settings(args, [name]))
 
-    pool = ModelPool(discover_models(args.models_dir), make_app, models_max=args.models_max,
+    pool = ModelPool(discover_models(args.models_dir), make_app, describe=describe_model, models_max=args.models_max,
                      idle_ttl=args.models_idle_ttl, memory_budget=args.models_memory or memory_limit(),
                      kv_bytes=args.kv_cache_memory)
     return build_router_app(pool, settings)

@@ -69,16 +69,18 @@ class PooledModel:
 
 class ModelPool:
     """The models of a directory and which of them are loaded. `make_app(name, path)` ->
-    (AsyncEngine not yet started, the model's application), as the one-model server builds it."""
+    (AsyncEngine not yet started, the model's application), as the one-model server builds it;
+    `describe(path)` -> what the file holds without loading it (ember_cupy.model.loader.describe_model)."""
 
-    def __init__(self, models: dict[str, str], make_app, *, models_max: int = 4, idle_ttl: float | None = None,
-                 memory_budget: int | None = None, kv_bytes: int = 0):
+    def __init__(self, models: dict[str, str], make_app, *, describe, models_max: int = 4,
+                 idle_ttl: float | None = None, memory_budget: int | None = None, kv_bytes: int = 0):
         if not models:
             raise ValueError("no models: the directory holds no .gguf file and no folder with a config.json")
         if models_max < 1:
             raise ValueError(f"--models-max must be at least 1, got {models_max}")
         self.models = {n: PooledModel(n, p, weight_bytes_on_disk(p) + kv_bytes) for n, p in models.items()}
         self.make_app = make_app
+        self.describe = describe
         self.models_max = models_max
         self.idle_ttl = idle_ttl
         self.memory_budget = memory_budget

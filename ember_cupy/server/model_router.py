@@ -15,7 +15,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from ember_cupy.server import ollama_models
 from ember_cupy.server.api import ServerSettings, base_app
 from ember_cupy.server.errors import APIError
-from ember_cupy.model.loader import describe_model
 from ember_cupy.server.model_pool import ModelPool
 from ember_cupy.server.ollama_requests import served_name
 from ember_cupy.server.validation import read_json_body
@@ -92,7 +91,7 @@ class _Router:
         """A model's facts from its file headers (read once, off the loop: a GGUF's vocabulary is big)."""
         if path not in self.facts:
             try:
-                self.facts[path] = await asyncio.to_thread(describe_model, path)
+                self.facts[path] = await asyncio.to_thread(self.pool.describe, path)
             except (ValueError, OSError) as exc:
                 raise APIError(500, f"{path}: {exc}", code="model_unreadable") from None
         return self.facts[path]

@@ -6,7 +6,6 @@ import hashlib
 import os
 
 from ember_cupy.engine_client import ModelInfo
-from ember_cupy.model.checkpoint import ModelFacts
 from ember_cupy.server.ollama_replies import now_rfc3339
 from ember_cupy.server.ollama_requests import LATEST
 
@@ -27,7 +26,8 @@ def parameter_size(count: int) -> str:
     return str(count)
 
 
-def details(source: str, facts: ModelInfo | ModelFacts) -> dict:
+def details(source: str, facts) -> dict:
+    """facts: a ModelInfo, or a model file's facts (ember_cupy.model.checkpoint.ModelFacts)."""
     family = facts.architecture
     return {"parent_model": "", "format": "gguf" if source.endswith(".gguf") else "safetensors",
             "family": family, "families": [family], "parameter_size": parameter_size(facts.num_parameters),
@@ -52,7 +52,7 @@ class ServedFile:
         self.digest = hashlib.sha256(identity.encode()).hexdigest()
 
 
-def tags_entry(name: str, source: str, facts: ModelInfo | ModelFacts, served: ServedFile) -> dict:
+def tags_entry(name: str, source: str, facts, served: ServedFile) -> dict:
     listed = listed_name(name)
     return {"name": listed, "model": listed, "modified_at": now_rfc3339(served.modified), "size": served.size,
             "digest": served.digest, "details": details(source, facts)}

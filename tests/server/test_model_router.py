@@ -14,7 +14,7 @@ from server_helpers import BLOCK_SIZE, MAX_MODEL_LEN, http
 
 from ember_cupy.config import EngineConfig
 from ember_cupy.engine.llm_engine import LLMEngine
-from ember_cupy.model.loader import resolve_model_path
+from ember_cupy.model.loader import describe_model, resolve_model_path
 from ember_cupy.server import AsyncEngine, BackgroundServer, EngineMetrics, ServerSettings
 from ember_cupy.server.api import build_app
 from ember_cupy.server.model_pool import ModelPool, discover_models
@@ -42,7 +42,7 @@ def _router(models_dir, checkpoint, **pool_args) -> BackgroundServer:
         engine = AsyncEngine(factory=lambda: LLMEngine(path, config), metrics=EngineMetrics(name))
         return engine, build_app(engine, ServerSettings(served_model_names=[name]))
 
-    pool = ModelPool(discover_models(str(models_dir)), make_app, **pool_args)
+    pool = ModelPool(discover_models(str(models_dir)), make_app, describe=describe_model, **pool_args)
     server = BackgroundServer(None, settings, app=build_router_app(pool, settings)).start()
     server.loads = loads
     return server
