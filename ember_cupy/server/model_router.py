@@ -74,7 +74,8 @@ class _Router:
         entries = []
         for model in self.pool.models.values():
             facts = model.engine.model_info() if model.status == "loaded" else await self._facts(model.path)
-            entries.append(ollama_models.tags_entry(model.name, model.path, facts, ollama_models.ServedFile(model.path)))
+            served = ollama_models.ServedFile(model.path)
+            entries.append(ollama_models.tags_entry(model.name, model.path, facts, served))
         return web.json_response({"models": entries})
 
     async def ollama_ps(self, request: web.Request) -> web.Response:
