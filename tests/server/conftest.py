@@ -1,8 +1,10 @@
 """Server fixtures: the real model, loaded once per session, served on free loopback ports."""
 from __future__ import annotations
 
+import json
+
 import pytest
-from server_helpers import BLOCK_SIZE, BODY_LIMIT, MAX_MODEL_LEN, MODEL
+from server_helpers import BLOCK_SIZE, BODY_LIMIT, MAX_MODEL_LEN, MODEL, http
 
 from ember_cupy.config import EngineConfig
 from ember_cupy.engine.llm_engine import LLMEngine
@@ -46,3 +48,11 @@ def base_url(server) -> str:
 def client(base_url):
     import openai
     return openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def spec(base_url) -> dict:
+    """The default server's /openapi.json."""
+    status, _, raw = http(base_url, "GET", "/openapi.json")
+    assert status == 200
+    return json.loads(raw)

@@ -28,6 +28,13 @@ def http(base_url: str, method: str, path: str, body=None, headers: dict | None 
         return exc.code, dict(exc.headers), exc.read()
 
 
+def documented(spec: dict, model: str, body: dict) -> None:
+    """body holds to the component schema `model` of an /openapi.json (jsonschema's error if not)."""
+    import jsonschema
+    schema = {"$ref": f"#/components/schemas/{model}", "components": spec["components"]}
+    jsonschema.Draft202012Validator(schema).validate(body)
+
+
 def metric(base_url: str, name: str, **labels) -> float | None:
     """The value of one sample on /metrics (summed over label sets matching `labels`)."""
     _, _, text = http(base_url, "GET", "/metrics")

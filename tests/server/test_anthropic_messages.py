@@ -8,7 +8,7 @@ import dataclasses
 import json
 
 import pytest
-from server_helpers import MODEL, http
+from server_helpers import documented, MODEL, http
 
 anthropic = pytest.importorskip("anthropic")
 jsonschema = pytest.importorskip("jsonschema")
@@ -27,18 +27,6 @@ FORCED = {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "get_weath
 @pytest.fixture(scope="module")
 def claude(base_url):
     return anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def spec(base_url) -> dict:
-    status, _, raw = http(base_url, "GET", "/openapi.json")
-    assert status == 200
-    return json.loads(raw)
-
-
-def documented(spec: dict, model: str, body: dict) -> None:
-    schema = {"$ref": f"#/components/schemas/{model}", "components": spec["components"]}
-    jsonschema.Draft202012Validator(schema).validate(body)
 
 
 def create(claude, **fields):

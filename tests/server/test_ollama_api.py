@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from server_helpers import MAX_MODEL_LEN, MODEL, http
+from server_helpers import documented, MAX_MODEL_LEN, MODEL, http
 
 ollama = pytest.importorskip("ollama")
 jsonschema = pytest.importorskip("jsonschema")
@@ -24,18 +24,6 @@ WEATHER_TOOL = {"type": "function", "function": {
 @pytest.fixture(scope="module")
 def llama(base_url):
     return ollama.Client(host=base_url, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def spec(base_url) -> dict:
-    status, _, raw = http(base_url, "GET", "/openapi.json")
-    assert status == 200
-    return json.loads(raw)
-
-
-def documented(spec: dict, model: str, body: dict) -> None:
-    schema = {"$ref": f"#/components/schemas/{model}", "components": spec["components"]}
-    jsonschema.Draft202012Validator(schema).validate(body)
 
 
 def openai_chat(client, messages, **fields):

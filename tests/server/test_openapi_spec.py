@@ -17,13 +17,6 @@ FOREIGN = ["temprature", "max_new_tokens", "do_sample", "typical_p"]
 SERVED = {"model": MODEL, "max_tokens": 1}   # the server's name; one token keeps each request cheap
 
 
-@pytest.fixture(scope="module")
-def spec(base_url) -> dict:
-    status, _, raw = http(base_url, "GET", "/openapi.json")
-    assert status == 200
-    return json.loads(raw)
-
-
 def resolve(spec: dict, schema: dict) -> dict:
     while "$ref" in schema:
         schema = spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]

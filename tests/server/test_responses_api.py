@@ -21,13 +21,6 @@ TEXT_EVENTS = ["response.created", "response.in_progress", "response.output_item
                "response.content_part.done", "response.output_item.done"]
 
 
-@pytest.fixture(scope="module")
-def spec(base_url) -> dict:
-    status, _, raw = http(base_url, "GET", "/openapi.json")
-    assert status == 200
-    return json.loads(raw)
-
-
 def check_documented(spec: dict, body: dict) -> None:
     schema = {"$ref": "#/components/schemas/ResponseObject", "components": spec["components"]}
     jsonschema.Draft202012Validator(schema).validate(body)

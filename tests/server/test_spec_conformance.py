@@ -62,13 +62,6 @@ MODELS = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatC
           "/v1/responses": "ResponsesRequest"}
 
 
-@pytest.fixture(scope="module")
-def spec(base_url) -> dict:
-    status, _, raw = http(base_url, "GET", "/openapi.json")
-    assert status == 200
-    return json.loads(raw)
-
-
 def spec_accepts(spec: dict, path: str, body: dict) -> bool:
     schema = {"$ref": f"#/components/schemas/{MODELS[path]}", "components": spec["components"]}
     return jsonschema.Draft202012Validator(schema).is_valid(body)

@@ -177,31 +177,26 @@ class OllamaEmbeddingsRequest(ProtocolModel):
     keep_alive: float | str | None = KEEP_ALIVE
 
 
-class OllamaShowRequest(ProtocolModel):
-    """POST /api/show. """ + NULL_IS_ABSENT
+class _NamesAModel(ProtocolModel):
     model: str | None = Field(None, examples=["SmolLM2-135M-Instruct"])
     name: str | None = Field(None, description="Ollama's older name of `model`.")
+
+    @model_validator(mode="after")
+    def _names_a_model(self):
+        if (self.model or self.name) is None:
+            raise ValueError("'model' is required")
+        return self
+
+
+class OllamaShowRequest(_NamesAModel):
+    """POST /api/show. """ + NULL_IS_ABSENT
     verbose: bool | None = Field(None, description=IGNORED)
 
-    @model_validator(mode="after")
-    def _names_a_model(self):
-        if (self.model or self.name) is None:
-            raise ValueError("'model' is required")
-        return self
 
-
-class OllamaPullRequest(ProtocolModel):
+class OllamaPullRequest(_NamesAModel):
     """POST /api/pull: succeeds for a served model (nothing is downloaded). """ + NULL_IS_ABSENT
-    model: str | None = Field(None, examples=["SmolLM2-135M-Instruct"])
-    name: str | None = Field(None, description="Ollama's older name of `model`.")
     insecure: bool | None = Field(None, description=IGNORED)
     stream: bool = Field(True, description="true: the status as newline-delimited JSON.")
-
-    @model_validator(mode="after")
-    def _names_a_model(self):
-        if (self.model or self.name) is None:
-            raise ValueError("'model' is required")
-        return self
 
 
 class OllamaStatus(ResponseModel):
