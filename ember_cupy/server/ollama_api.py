@@ -77,7 +77,8 @@ class OllamaServing:
             ids = (await self.serving.tokenize_prompts([req.prompt], "prompt",
                                                        add_special_tokens=not req.context))[0]
             token_ids = (req.context or []) + ids
-            body = {**Q.raw_completion_body(req, token_ids, self.engine.max_model_len), "model": name}
+            body = {**Q.raw_completion_body(req, token_ids, self.engine.max_model_len, self._splits_reasoning()),
+                    "model": name}
             gen = parse_completion(body, self.engine.tokenizer.vocab_size)
             self.serving.check_request(gen)
             gen.params = dataclasses.replace(gen.params, structured_outputs=gen.constraint)

@@ -128,7 +128,8 @@ def generate_messages(req: OllamaGenerateRequest) -> list[dict]:
     return messages + [{"role": "user", "content": req.prompt}]
 
 
-def raw_completion_body(req: OllamaGenerateRequest, token_ids: list[int], max_model_len: int) -> dict:
+def raw_completion_body(req: OllamaGenerateRequest, token_ids: list[int], max_model_len: int,
+                        splits_reasoning: bool) -> dict:
     """The /v1/completions body for a raw prompt's token ids: with no num_predict it runs to the
     end of the context, as Ollama's -1."""
     if req.system is not None:
@@ -136,6 +137,6 @@ def raw_completion_body(req: OllamaGenerateRequest, token_ids: list[int], max_mo
                           param="system")
     body = {"model": req.model, "prompt": token_ids, **sampling_fields(req.options),
             **response_format(req.format), **_logprob_fields(req, "completion")}
-    thinking_fields(req.think, False)
+    thinking_fields(req.think or None, splits_reasoning)   # a raw prompt has no template to tell
     body.setdefault("max_tokens", max(max_model_len - len(token_ids), 1))
     return body

@@ -23,8 +23,11 @@ def _reject_constant(name: str):
 
 async def read_json_body(request: web.Request, any_content_type: bool = False) -> dict:
     """The body as a dict, or an APIError naming what is wrong with it. any_content_type: read it as
-    JSON whatever its Content-Type says (Ollama's routes: its docs' curl examples send none)."""
-    if request.content_type != "application/json" and not any_content_type:
+    JSON whatever its Content-Type says (Ollama's routes: its docs' curl examples send none), unless
+    a browser sent it (an Origin header): a page must send application/json, which a CORS preflight
+    guards, so no site can drive the server through a user's browser with a plain form post."""
+    lenient = any_content_type and "Origin" not in request.headers
+    if request.content_type != "application/json" and not lenient:
         got = request.headers.get("Content-Type") or "none"
         raise APIError(415, f"Content-Type must be application/json, got {got!r}",
                        code="unsupported_media_type")

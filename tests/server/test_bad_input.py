@@ -212,6 +212,8 @@ CASES = [
     ("count-tokens-missing-messages", "POST", CT, {"model": MODEL}, {}, 400, "messages"),
     # Ollama's API (any Content-Type: its docs' curl examples send none)
     ("ollama-chat-malformed-json", "POST", OC, b'{"messages": ', {}, 400, None),
+    ("ollama-chat-cross-site-form", "POST", OC, json.dumps({"model": MODEL, "messages": MSG}).encode(),
+     {"Content-Type": "text/plain", "Origin": "http://elsewhere.example"}, 415, "application/json"),
     ("ollama-chat-deep-json", "POST", OC, deep(5000, b"messages"), JSON, 400, None),
     ("ollama-chat-missing-model", "POST", OC, {"messages": MSG}, {}, 400, "model"),
     ("ollama-chat-unknown-model", "POST", OC, {"model": "gpt-9", "messages": MSG}, {}, 404, "gpt-9"),
