@@ -138,6 +138,8 @@ class OllamaServing:
             raise engine_error(exc) from None
         if reply.failed:
             raise APIError(500, CONSTRAINT_FAILED, code="constraint_failed")
+        if not objects:   # the stream ended with no output at all (the server is stopping)
+            raise APIError(503, "the request was aborted before it produced anything", code="engine_not_ready")
         return reply.whole(objects)
 
     async def _stream(self, request: web.Request, stream: RequestStream, reply: OllamaReply) -> web.StreamResponse:
