@@ -36,11 +36,17 @@ def discover_models(models_dir: str) -> dict[str, str]:
     return models
 
 
-def weight_bytes_on_disk(path: str) -> int:
+def weight_files(path: str) -> list[Path]:
+    """The files holding a model's weights: a GGUF file (every part of a split one), or an HF
+    directory's *.safetensors."""
     p = Path(path)
     if p.is_file():
-        return sum(f.stat().st_size for f in p.parent.glob(p.name.replace("-00001-of-", "-*-of-")))
-    return sum(f.stat().st_size for f in p.glob("*.safetensors"))
+        return sorted(p.parent.glob(p.name.replace("-00001-of-", "-*-of-")))
+    return sorted(p.glob("*.safetensors"))
+
+
+def weight_bytes_on_disk(path: str) -> int:
+    return sum(f.stat().st_size for f in weight_files(path))
 
 
 @dataclass

@@ -24,7 +24,7 @@ from ember_cupy.server import ollama_models as models
 from ember_cupy.server import ollama_requests as Q
 from ember_cupy.server.async_engine import EngineDeadError, EngineNotReadyError
 from ember_cupy.server.embeddings import EmbeddingsServing
-from ember_cupy.server.errors import APIError, bad_request
+from ember_cupy.server.errors import APIError
 from ember_cupy.server.ollama_replies import CONSTRAINT_FAILED, NDJSON, OllamaReply, line, loaded
 from ember_cupy.server.protocol import parse_completion, validate
 from ember_cupy.server.protocol.ollama import (
@@ -68,11 +68,12 @@ class OllamaServing:
         return await self._run(request, req.stream, reply, prompt, gen.params, token_ids)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
-        req = validate(OllamaGenerateRequest, await _body(request))
+        body = await _body(request)
+        self.serving.ensure_ready()
+        req = validate(OllamaGenerateRequest, body, self.engine.tokenizer.vocab_size)
         name = self._served(req.model)
         if not req.prompt and not req.context:
             return web.json_response(loaded("generate", req.model))
-        self._check_context(req.context or [])
         if req.raw:
             ids = (await self.serving.tokenize_prompts([req.prompt], "prompt",
                                                        add_special_tokens=not req.context))[0]
@@ -102,13 +103,6 @@ class OllamaServing:
 
     def _splits_reasoning(self) -> bool:
         return self.serving.output_parsers.reasoning is not None
-
-    def _check_context(self, context: list[int]) -> None:
-        size = self.engine.tokenizer.vocab_size
-        bad = [t for t in context if not 0 <= t < size]
-        if bad:
-            raise bad_request(f"'context' holds token ids outside the vocabulary [0, {size}): {bad[:5]}",
-                              param="context")
 
     def _reply(self, kind: str, req, prompt: str, tools: tool_calls.ToolSpec) -> OllamaReply:
         return OllamaReply(kind, req.model, prompt, self.serving.output_parsers, tools,

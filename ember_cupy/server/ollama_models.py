@@ -3,9 +3,9 @@ built from the engine's ModelInfo and the model file's place on disk."""
 from __future__ import annotations
 
 import hashlib
-import os
 
 from ember_cupy.engine_client import ModelInfo
+from ember_cupy.server.model_pool import weight_files
 from ember_cupy.server.ollama_replies import now_rfc3339
 from ember_cupy.server.ollama_requests import LATEST
 
@@ -34,21 +34,14 @@ def details(source: str, facts) -> dict:
             "quantization_level": facts.file_type}
 
 
-def _files(source: str) -> list[str]:
-    if os.path.isdir(source):
-        return sorted(os.path.join(source, name) for name in os.listdir(source)
-                      if os.path.isfile(os.path.join(source, name)))
-    return [source] if os.path.isfile(source) else []
-
-
 class ServedFile:
-    """The model's files on disk: their size, modification time and an identifying digest."""
+    """The model's weight files on disk: their size, modification time and an identifying digest."""
 
     def __init__(self, source: str):
-        stats = [(path, os.stat(path)) for path in _files(source)]
+        stats = [(path, path.stat()) for path in weight_files(source)]
         self.size = sum(st.st_size for _, st in stats)
         self.modified = max((st.st_mtime for _, st in stats), default=0.0)
-        identity = "\0".join(f"{os.path.realpath(p)}:{st.st_size}:{st.st_mtime_ns}" for p, st in stats)
+        identity = "\0".join(f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}" for p, st in stats)
         self.digest = hashlib.sha256(identity.encode()).hexdigest()
 
 

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ember_cupy.sampling_params import MAX_LOGPROBS, MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY
-from ember_cupy.server.protocol.base import NULL_IS_ABSENT, Integer, ProtocolModel, ResponseModel, one_of
-from ember_cupy.server.protocol.requests import IGNORED, MAX_PROMPTS, SEED_MAX, SEED_MIN, StopList
+from ember_cupy.server.protocol.base import (
+    NULL_IS_ABSENT,
+    Integer,
+    ProtocolModel,
+    ResponseModel,
+    check_token_ids,
+    one_of,
+)
+from ember_cupy.server.protocol.requests import IGNORED, MAX_PROMPTS, SEED_MAX, SEED_MIN, StopList, TokenId
 from ember_cupy.server.protocol.tools import Tool
 
 SERVER_WIDE = "Accepted and ignored: a setting of the whole server here (its command-line flags)."
@@ -141,11 +148,17 @@ class OllamaGenerateRequest(_Generation):
                                examples=["Be brief."])
     raw: bool = Field(False, description="true: the prompt goes to the model as it is, without the chat "
                                          "template.", examples=[True])
-    context: list[Integer] | None = Field(None, description="The `context` of an earlier reply: its token ids, "
+    context: list[TokenId] | None = Field(None, description="The `context` of an earlier reply: its token ids, "
                                           "put before this prompt's.", examples=[[1, 2, 3]])
     suffix: None = Field(None, description="Not supported (fill-in-the-middle).")
     template: None = Field(None, description="Not supported: the model's own chat template is used.")
     images: list[str] | None = Field(None, max_length=0, description="Not supported: only an empty list.")
+
+    @field_validator("context")
+    @classmethod
+    def _in_the_vocabulary(cls, ids: list[int], info: ValidationInfo) -> list[int]:
+        check_token_ids(ids, info, "'context' token ids")
+        return ids
 
 
 EmbedInput = one_of(f"a string or an array of at most {MAX_PROMPTS} strings", str,
