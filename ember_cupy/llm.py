@@ -11,7 +11,7 @@ from ember_cupy import tool_calls
 from ember_cupy.config import EngineConfig
 from ember_cupy.engine.llm_engine import LLMEngine
 from ember_cupy.engine.pooling import PoolingParams
-from ember_cupy.outputs import OutputKind, RequestOutput
+from ember_cupy.outputs import EmbeddingRequestOutput, OutputKind, RequestOutput
 from ember_cupy.sampling_params import SamplingParams
 from ember_cupy.vllm_compat import NO_EFFECT, PARALLEL_SIZES, check_parallel_size
 
@@ -111,11 +111,11 @@ class LLM:
         return outputs
 
     def embed(self, prompts, pooling_params: PoolingParams | None = None, *, truncate_prompt_tokens: int | None = None,
-              use_tqdm: bool = True, lora_request=None) -> list[RequestOutput]:
-        """Embeddings (RequestOutput.embedding: the L2-normalised final hidden state of each
-        prompt's last token, ember_cupy/engine/pooling.py), in prompt order, batched continuously
-        through the same scheduler as generate(). prompts, use_tqdm, lora_request: as for generate();
-        truncate_prompt_tokens: PoolingParams' (an input's last k tokens, -1: what the context holds)."""
+              use_tqdm: bool = True, lora_request=None) -> list[EmbeddingRequestOutput]:
+        """Embeddings (`.outputs.embedding` as vLLM's, also `.embedding`: the L2-normalised final
+        hidden state of each prompt's last token, ember_cupy/engine/pooling.py), in prompt order,
+        batched continuously through the same scheduler as generate(). prompts, use_tqdm,
+        lora_request: as for generate(); truncate_prompt_tokens: PoolingParams' (an input's last k tokens, -1: what the context holds)."""
         _refuse_lora(lora_request)
         if pooling_params is not None and not isinstance(pooling_params, PoolingParams):
             raise ValueError(f"pooling_params must be a PoolingParams, got {type(pooling_params).__name__}")
@@ -127,7 +127,7 @@ class LLM:
             for prompt in self._as_prompt_list(prompts):
                 request_ids.append(f"offline-embed-{next(self._ids)}")
                 self.engine.add_request(request_ids[-1], prompt, pooling_params)
-            return self._run(request_ids)
+            return [EmbeddingRequestOutput.of(output) for output in self._run(request_ids)]
         except BaseException:
             for request_id in request_ids:
                 self.engine.abort(request_id)

@@ -54,6 +54,32 @@ class RequestOutput:
 
 
 @dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """LLM.embed's result for one prompt, shaped as vLLM's (`.outputs.embedding`); `.embedding`
+    reads the same vector."""
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True
+    num_cached_tokens: int = 0
+
+    @property
+    def embedding(self) -> list[float]:
+        return self.outputs.embedding
+
+    @classmethod
+    def of(cls, output: RequestOutput) -> "EmbeddingRequestOutput":
+        return cls(output.request_id, output.prompt, output.prompt_token_ids, EmbeddingOutput(output.embedding),
+                   output.finished, output.num_cached_tokens)
+
+
+@dataclass
 class EngineStepOutput:
     """What one engine step computed, before any text (the output processor's input,
     engine/output_processor.py): the tokens the scheduler appended to each sampling sequence and
