@@ -79,8 +79,7 @@ class _Router:
         return web.json_response({"models": entries})
 
     async def ollama_ps(self, request: web.Request) -> web.Response:
-        entries = [ollama_models.running_entry(m.name, m.engine.model_info(), ollama_models.ServedFile(m.path),
-                                               m.engine.max_model_len)
+        entries = [ollama_models.running_entry(m.name, m.engine.model_info(), ollama_models.ServedFile(m.path))
                    for m in self.pool.models.values() if m.status == "loaded"]
         return web.json_response({"models": entries})
 

@@ -198,7 +198,7 @@ class OllamaServing:
     async def ps(self, request: web.Request) -> web.Response:
         self.serving.ensure_ready()
         info, served = self.engine.model_info(), self._file()
-        return web.json_response({"models": [models.running_entry(name, info, served, self.engine.max_model_len)
+        return web.json_response({"models": [models.running_entry(name, info, served)
                                              for name in self.serving.model_names]})
 
     async def show(self, request: web.Request) -> web.Response:

@@ -51,12 +51,12 @@ def tags_entry(name: str, source: str, facts, served: ServedFile) -> dict:
             "digest": served.digest, "details": details(source, facts)}
 
 
-def running_entry(name: str, info: ModelInfo, served: ServedFile, max_model_len: int) -> dict:
+def running_entry(name: str, info: ModelInfo, served: ServedFile) -> dict:
     listed = listed_name(name)
     on_gpu = info.runtime.get("backend") not in (None, "numpy")
     return {"name": listed, "model": listed, "size": info.weight_bytes, "digest": served.digest,
             "details": details(info.source, info), "expires_at": NEVER, "size_vram": info.weight_bytes if on_gpu else 0,
-            "context_length": max_model_len}
+            "context_length": info.max_model_len}
 
 
 def show_body(info: ModelInfo, served: ServedFile, template: str, capabilities: list[str]) -> dict:
