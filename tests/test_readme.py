@@ -198,7 +198,8 @@ def test_server_command_and_its_clients(server, ports):
             checked = re.sub(r"^curl ", "curl --fail-with-body -sS ", _with_ports(client, ports))
             done = _bash(checked, timeout=120)
             assert done.returncode == 0, (client, done.stdout, done.stderr)
-            assert any(reply in done.stdout for reply in ('"choices"', '"type": "message"', "vllm:", '"done": true')), \
+            assert any(reply in done.stdout for reply in ('"choices"', '"type": "message"', "vllm:", '"done": true',
+                                                     '"stop": true')), \
                 (client, done.stdout)
         for snippet in [s for s in PYTHON if _port_of(s) == port]:
             done = subprocess.run([sys.executable, "-c", _with_ports(snippet, ports)], capture_output=True,

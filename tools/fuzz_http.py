@@ -65,6 +65,7 @@ DEFAULT_SERVER_ARGS = "--max-model-len 256 --kv-cache-memory 64MiB"
 LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 CAPS = {**dict.fromkeys(LIMIT_FIELDS, 4), "n": 2, "best_of": 2}
 OLLAMA_GENERATION = ("/api/chat", "/api/generate")   # bounded by options.num_predict; stream by default
+LLAMACPP_GENERATION = ("/completion", "/completions")  # llama-server's: bounded by n_predict (-1: no bound)
 NDJSON = "application/x-ndjson"
 MAX_PROMPTS = 4
 # prompts and conversations the server admits, for the cases made to reach the engine
@@ -113,8 +114,8 @@ def limit_fields(operation) -> tuple[str, ...]:
 
 def is_generation(operation) -> bool:
     """A POST whose body bounds the tokens generated (completions, chat, responses, Ollama's)."""
-    return operation.method.upper() == "POST" and (bool(limit_fields(operation))
-                                                   or operation.path in OLLAMA_GENERATION)
+    return operation.method.upper() == "POST" and (bool(limit_fields(operation)) or operation.path in
+                                                   OLLAMA_GENERATION + LLAMACPP_GENERATION)
 
 
 def operations_of(spec: dict) -> list:
@@ -247,6 +248,9 @@ def make_cheap(case, rng: random.Random, model: str | None, args) -> None:
     if case.operation.path in OLLAMA_GENERATION:
         _cap_ollama(body, rng)
         return
+    if case.operation.path in LLAMACPP_GENERATION:
+        _cap_llamacpp(body, rng, args)
+        return
     for key, cap in CAPS.items():
         if key in body:
             body[key] = _capped(body[key], cap, rng)
@@ -268,6 +272,18 @@ def _cap_ollama(body: dict, rng: random.Random) -> None:
     limit = options.get("num_predict")
     if not isinstance(limit, int) or isinstance(limit, bool) or not 0 < limit <= CAPS["max_tokens"]:
         options["num_predict"] = rng.randint(1, CAPS["max_tokens"])
+
+
+def _cap_llamacpp(body: dict, rng: random.Random, args) -> None:
+    """llama-server's bound is n_predict (absent or < 0: up to the context length; 0: nothing)."""
+    limit = body.get("n_predict")
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit <= CAPS["max_tokens"]:
+        body["n_predict"] = rng.randint(1, CAPS["max_tokens"])
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and not any(isinstance(p, int) for p in prompt):
+        body["prompt"] = prompt[:MAX_PROMPTS]
+    if "stream" not in body and rng.random() < args.stream_share:
+        body["stream"] = True
 
 
 # ---------------------------------------------------------------- one case

@@ -1,6 +1,6 @@
 """What the HTTP tools (fuzz_http.py, soak.py) hold every response to: OpenAI's error shape (Anthropic's
-on /v1/messages, Ollama's on /api/), a well-formed server-sent-event stream and a well-formed
-Ollama NDJSON stream. Each check returns a problem in words, or None."""
+on /v1/messages, Ollama's on /api/), a well-formed server-sent-event stream (OpenAI's, the
+Responses API's, Anthropic's or llama-server's) and a well-formed Ollama NDJSON stream. Each check returns a problem in words, or None."""
 from __future__ import annotations
 
 import json
@@ -199,4 +199,27 @@ def stream_problem(text: str) -> str | None:
         return _messages_stream_problem([e for e in parsed if e is not None])
     if isinstance(parsed[0], dict) and "type" in parsed[0] and "choices" not in parsed[0]:
         return _responses_stream_problem([e for e in parsed if e is not None])   # a [DONE] is harmless
+    if isinstance(parsed[0], dict) and "choices" not in parsed[0] and ("stop" in parsed[0] or len(parsed) == 1):
+        return _llamacpp_stream_problem(parsed)
     return _completion_stream_problem(events)
+
+
+def _llamacpp_stream_problem(events: list) -> str | None:
+    """llama-server's /completion events: objects, no [DONE]; every event but the last stop=false;
+    the last stop=true (or cut by response_fields to fields without it), or an error event that is
+    not the server's failure."""
+    if not all(isinstance(e, dict) for e in events):
+        return f"llama.cpp stream with an event that is not an object (a {DONE}?)"
+    last = events[-1]
+    if "error" in last:
+        problem = error_problem(last)
+        if problem or (last["error"]["type"] in _SERVER_ERROR_TYPES and last["error"]["code"] != "constraint_failed"):
+            return f"llama.cpp stream error event: {problem or last['error']}"
+        events = events[:-1]
+    elif last.get("stop", True) is not True:
+        return "llama.cpp stream whose last event is not stop=true"
+    else:
+        events = events[:-1]
+    if any(e.get("stop") is not False for e in events):
+        return "llama.cpp stream with stop=true (or no stop) before its last event"
+    return None

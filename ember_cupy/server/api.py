@@ -1,5 +1,5 @@
 """The aiohttp application: OpenAI-compatible routes, Anthropic's /v1/messages, Ollama's /api/,
-health, metrics, tokenizer and docs."""
+llama-server's /completion, health, metrics, tokenizer and docs."""
 from __future__ import annotations
 
 import asyncio
@@ -110,6 +110,15 @@ def _ollama_serving(serving):
     return OllamaServing(serving)
 
 
+def _llamacpp_serving(serving):
+    from ember_cupy.server.llamacpp_api import LlamaCppServing
+    return LlamaCppServing(serving)
+
+
+# llama-server's native API: route -> (method, LlamaCppServing's handler); /tokenize and
+# /detokenize take its forms too
+LLAMACPP_ROUTES = {"/completion": ("post", "completion"), "/completions": ("post", "completion"),
+                   "/apply-template": ("post", "apply_template"), "/props": ("get", "props")}
 # Ollama's native API: route -> (method, OllamaServing's handler)
 OLLAMA_ROUTES = {"/api/chat": ("post", "chat"), "/api/generate": ("post", "generate"),
                  "/api/embed": ("post", "embed"), "/api/embeddings": ("post", "embeddings"),
@@ -139,6 +148,9 @@ def build_app(engine: AsyncEngine, settings: ServerSettings) -> web.Application:
     ollama = _BuiltAtFirstRequest(lambda: _ollama_serving(serving))
     for path, (method, name) in OLLAMA_ROUTES.items():
         app.router.add_route(method.upper(), path, ollama.handler(name))
+    llamacpp = _BuiltAtFirstRequest(lambda: _llamacpp_serving(serving))
+    for path, (method, name) in LLAMACPP_ROUTES.items():
+        app.router.add_route(method.upper(), path, llamacpp.handler(name))
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_get("/v1/models/{model}", handlers.model)
     app.router.add_get("/health", handlers.health)
@@ -194,6 +206,21 @@ def _tokenize_answer(tokenizer, text: str, add_special_tokens: bool, max_model_l
     return ("".join(parts) + "}").encode()
 
 
+def _tokenize_content_answer(tokenizer, text: str, add_special: bool, max_model_len: int, with_pieces: bool) -> bytes:
+    if not with_pieces:
+        return _tokenize_answer(tokenizer, text, add_special, max_model_len, False)
+    tokens = tokenizer.encode(text, add_special)
+    pieces = []
+    for token_id, raw in zip(tokens, tokenizer.tokens_bytes(tokens)):
+        try:
+            piece = raw.decode("utf-8")
+        except UnicodeDecodeError:   # part of a character: its bytes, as llama-server gives them
+            piece = list(raw)
+        pieces.append({"id": token_id, "piece": piece})
+    return json.dumps({"count": len(tokens), "max_model_len": max_model_len, "tokens": pieces},
+                      ensure_ascii=False).encode()
+
+
 class _Handlers:
     def __init__(self, engine: AsyncEngine, serving: OpenAIServing, settings: ServerSettings):
         self.engine = engine
@@ -245,14 +272,18 @@ class _Handlers:
         return web.json_response(openapi_spec(ember_cupy.__version__))
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        body = validate(TokenizeRequest, await read_json_body(request))
+        # any Content-Type, as llama-server reads it (from a browser only JSON: read_json_body)
+        body = validate(TokenizeRequest, await read_json_body(request, any_content_type=True))
         self.serving.ensure_ready()
         self.serving.check_model(body.model)
         tokenizer = self.engine.tokenizer
-        if (body.prompt is None) == (body.messages is None):
-            raise bad_request("give exactly one of 'prompt' and 'messages'", param="prompt",
+        given = [name for name in ("prompt", "messages", "content") if getattr(body, name) is not None]
+        if len(given) != 1:
+            raise bad_request("give exactly one of 'prompt', 'messages' and 'content'", param="prompt",
                               code="missing_required_parameter")
-        field = "prompt" if body.prompt is not None else "messages"
+        field = given[0]
+        if field == "content":
+            return await self._tokenize_content(body)
         try:
             if body.prompt is not None:
                 text = body.prompt
@@ -273,12 +304,25 @@ class _Handlers:
             raise engine_error(exc) from None
         return web.Response(body=json_body, content_type="application/json", charset="utf-8")
 
+    async def _tokenize_content(self, body: TokenizeRequest) -> web.Response:
+        """llama-server's /tokenize: {"tokens": ids, or {id, piece} objects with with_pieces}."""
+        try:
+            json_body = await self.engine.off_loop(_tokenize_content_answer, self.engine.tokenizer, body.content,
+                                                   body.add_special, self.engine.max_model_len, body.with_pieces,
+                                                   work_chars=len(body.content))
+        except ValueError as exc:
+            raise bad_request(str(exc), param="content") from None
+        except (EngineOverloadedError, PrepareTimeoutError) as exc:
+            raise engine_error(exc) from None
+        return web.Response(body=json_body, content_type="application/json", charset="utf-8")
+
     async def detokenize(self, request: web.Request) -> web.Response:
-        raw = await read_json_body(request)
+        raw = await read_json_body(request, any_content_type=True)
         self.serving.ensure_ready()
         body = validate(DetokenizeRequest, raw, self.engine.tokenizer.vocab_size)
         self.serving.check_model(body.model)
-        return web.json_response({"prompt": self.engine.tokenizer.decode(body.tokens)})
+        text = self.engine.tokenizer.decode(body.tokens)
+        return web.json_response({"prompt": text, "content": text})   # vLLM's name, llama-server's
 
     async def tokenizer_info(self, request: web.Request) -> web.Response:
         self.serving.ensure_ready()

@@ -114,6 +114,16 @@ class LogprobFormatter:
             })
         return {"content": content}
 
+    def llamacpp(self, entries) -> list[dict]:
+        """llama-server's completion_probabilities: per token its id, text, bytes and logprob, and
+        the top ones alike."""
+        return [{**self._llamacpp_entry(entry.token_id, entry.logprob),
+                 "top_logprobs": [self._llamacpp_entry(tid, lp) for tid, lp in entry.top]} for entry in entries]
+
+    def _llamacpp_entry(self, token_id: int, logprob: float) -> dict:
+        return {"id": token_id, "token": self._text(token_id), "bytes": self._bytes(token_id),
+                "logprob": _finite(logprob)}
+
 
 def completion_choice(index: int, c: CompletionOutput, text: str, logprobs: dict | None,
                       prompt_logprobs: list | None = None) -> dict:

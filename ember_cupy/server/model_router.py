@@ -3,7 +3,9 @@ application of the model its body names (loaded on demand), plus llama.cpp's rou
 GET /v1/models (every model, with its status), POST /models/load and /models/unload
 ({"model": name}). /health answers for the router; /metrics joins the loaded models' series.
 Ollama's routes too: those naming a model go to it (`name:latest` is `name`), GET /api/tags lists
-every model of the directory (described from its file headers), /api/ps the loaded ones."""
+every model of the directory (described from its file headers), /api/ps the loaded ones.
+llama-server's /completion and /apply-template go to the model their body names, GET /props to
+the one `?model=` names."""
 from __future__ import annotations
 
 import asyncio
@@ -23,6 +25,7 @@ from ember_cupy.server.validation import read_json_body
 MODEL_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/v1/messages",
                 "/v1/messages/count_tokens", "/tokenize", "/detokenize")
 OLLAMA_MODEL_ROUTES = ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show", "/api/pull")
+LLAMACPP_MODEL_ROUTES = ("/completion", "/completions", "/apply-template")   # llama-server's, any Content-Type
 POOL_KEY = web.AppKey("model_pool", ModelPool)
 
 
@@ -30,8 +33,9 @@ def build_router_app(pool: ModelPool, settings: ServerSettings) -> web.Applicati
     app = base_app(settings)
     app[POOL_KEY] = pool
     router = _Router(pool)
-    for path in MODEL_ROUTES + OLLAMA_MODEL_ROUTES:
+    for path in MODEL_ROUTES + OLLAMA_MODEL_ROUTES + LLAMACPP_MODEL_ROUTES:
         app.router.add_post(path, router.forward)
+    app.router.add_get("/props", router.props)
     app.router.add_get("/api/tags", router.ollama_tags)
     app.router.add_get("/api/ps", router.ollama_ps)
     app.router.add_get("/api/version", router.ollama_version)
@@ -63,12 +67,16 @@ class _Router:
     async def forward(self, request: web.Request) -> web.StreamResponse:
         ollama = request.path.startswith("/api/")
         # aiohttp keeps the bytes: the model's handler reads them again
-        body = await read_json_body(request, any_content_type=ollama)
+        body = await read_json_body(request, any_content_type=ollama or request.path in LLAMACPP_MODEL_ROUTES)
         name = body.get("model") or (body.get("name") if ollama else None)
         if ollama and isinstance(name, str):
             name = served_name(name, list(self.pool.models)) or name
         app = self.pool.acquire(name if isinstance(name, str) else None)
         return await _handle(app, request)
+
+    async def props(self, request: web.Request) -> web.StreamResponse:
+        """llama-server's router form: GET /props?model=NAME."""
+        return await _handle(self.pool.acquire(request.query.get("model")), request)
 
     async def ollama_tags(self, request: web.Request) -> web.Response:
         entries = []

@@ -12,6 +12,7 @@ from ember_cupy.server.middleware import PROTECTED_PREFIXES
 from ember_cupy.server.ollama_errors import speaks_ollama
 from ember_cupy.server.protocol import anthropic as AN
 from ember_cupy.server.protocol import embeddings as E
+from ember_cupy.server.protocol import llamacpp as LC
 from ember_cupy.server.protocol import ollama as O
 from ember_cupy.server.protocol import requests as Q
 from ember_cupy.server.protocol import replies as A
@@ -20,10 +21,11 @@ from ember_cupy.server.protocol import responses_api as RA
 REF = "#/components/schemas/{model}"
 ERRORS = {400: "Bad request: `param` names the field", 401: "Missing or wrong API key",
           404: "Unknown model", 413: "Body too large", 415: "Content-Type is not application/json",
-          503: "Loading, dead, or overloaded (Retry-After)"}
+          500: "The output constraint failed", 503: "Loading, dead, or overloaded (Retry-After)"}
 ANTHROPIC_ERRORS = {**ERRORS, 400: "Bad request: the message names the field"}
-OLLAMA_ERRORS = {**ANTHROPIC_ERRORS, 404: "Unknown model, or a route of Ollama's model store (not supported)",
-                 500: "The output constraint failed"}
+OLLAMA_ERRORS = {**ANTHROPIC_ERRORS, 404: "Unknown model, or a route of Ollama's model store (not supported)"}
+LLAMACPP_STREAM = (" (stream=true: a text/event-stream of LlamaCppCompletion events, one per delta, the last with "
+                   "stop=true; no [DONE])")
 OLLAMA_STREAM = " (stream=true, the default: newline-delimited JSON, one object per delta, the last with done=true)"
 HTML, TEXT = "text/html", "text/plain"   # the responses that are no JSON: their media type
 # method, path, summary, request model, response model (or a media type), error statuses
@@ -59,13 +61,21 @@ ROUTES = [
     ("post", "/api/copy", "Not supported: no model store", None, O.OllamaError, (401, 404)),
     ("post", "/api/push", "Not supported: no model store", None, O.OllamaError, (401, 404)),
     ("delete", "/api/delete", "Not supported: no model store", None, O.OllamaError, (401, 404)),
+    ("post", "/completion", "llama-server's native completion" + LLAMACPP_STREAM, LC.LlamaCppCompletionRequest,
+     LC.LlamaCppResults, (400, 401, 404, 413, 500, 503)),
+    ("post", "/completions", "The same as /completion (llama-server's other name of it)",
+     LC.LlamaCppCompletionRequest, LC.LlamaCppResults, (400, 401, 404, 413, 500, 503)),
+    ("post", "/apply-template", "llama-server's: the chat template applied to messages, nothing generated",
+     LC.ApplyTemplateRequest, LC.ApplyTemplateResponse, (400, 401, 404, 413, 503)),
+    ("get", "/props", "llama-server's description of the server: default settings, slots, model, template",
+     None, LC.LlamaCppProps, (401, 503)),
     ("get", "/v1/models", "The served models", None, A.ModelList, (401,)),
     ("get", "/v1/models/{model}", "One served model", None, A.ModelCard, (401, 404)),
     ("get", "/health", "200 when the engine is ready", None, A.HealthResponse, (503,)),
     ("get", "/metrics", "Prometheus metrics: ember:* series, and vllm:* series named and labelled as vLLM's "
      "(for its dashboards)", None, TEXT, ()),
     ("get", "/version", "Server version and runtime", None, dict, ()),
-    ("post", "/tokenize", "Text or chat messages to token ids", Q.TokenizeRequest, A.TokenizeResponse,
+    ("post", "/tokenize", "Text or chat messages to token ids (vLLM's forms; `content`: llama-server's)", Q.TokenizeRequest, A.TokenizeResponse,
      (400, 401, 404, 503)),
     ("post", "/detokenize", "Token ids to text", Q.DetokenizeRequest, A.DetokenizeResponse, (400, 401, 404, 503)),
     ("get", "/tokenizer_info", "The tokenizer's special tokens and chat template", None, A.TokenizerInfoResponse,

@@ -11,6 +11,7 @@ from server_helpers import BODY_LIMIT, MAX_MODEL_LEN, MODEL, http, metric
 C, CH, R, E = "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings"
 M, CT = "/v1/messages", "/v1/messages/count_tokens"
 OC, OG, OE, OES, OS, OP = "/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show", "/api/pull"
+LC, AT = "/completion", "/apply-template"
 MSG = [{"role": "user", "content": "hi"}]
 
 
@@ -238,6 +239,25 @@ CASES = [
     ("ollama-pull-malformed-json", "POST", OP, b'{"model": ', {}, 400, None),
     ("ollama-pull-unknown-model", "POST", OP, {"model": "gpt-9"}, {}, 404, "gpt-9"),
     ("ollama-create", "POST", "/api/create", {"model": "x"}, {}, 404, "not supported"),
+    # llama-server's API (any Content-Type, as llama-server; from a browser only JSON)
+    ("llamacpp-malformed-json", "POST", LC, b'{"prompt": ', {}, 400, None),
+    ("llamacpp-other-name-malformed-json", "POST", "/completions", b'{"prompt": ', {}, 400, None),
+    ("llamacpp-cross-site-form", "POST", LC, json.dumps({"prompt": "x"}).encode(),
+     {"Content-Type": "text/plain", "Origin": "http://elsewhere.example"}, 415, None),
+    ("llamacpp-deep-json", "POST", LC, deep(5000, b"stop"), JSON, 400, None),
+    ("llamacpp-unknown-field", "POST", LC, {"prompt": "x", "n_predic": 2}, {}, 400, "n_predic"),
+    ("llamacpp-other-name-unknown-field", "POST", "/completions", {"prompt": "x", "n_predic": 2}, {}, 400,
+     "n_predic"),
+    ("llamacpp-mirostat", "POST", LC, {"prompt": "x", "mirostat": 2}, {}, 400, "mirostat"),
+    ("llamacpp-surrogate", "POST", LC, {"prompt": SURROGATE}, {}, 400, "prompt"),
+    ("llamacpp-too-long", "POST", LC, {"prompt": LONG_PROMPT, "n_predict": 2}, {}, 400, None),
+    ("llamacpp-bias-nan-text", "POST", LC, b'{"prompt": "x", "logit_bias": [["a", NaN]]}', {}, 400, None),
+    ("llamacpp-unknown-model", "POST", LC, {"prompt": "x", "model": "gpt-9"}, {}, 404, "model"),
+    ("apply-template-malformed-json", "POST", AT, b'{"messages": ', {}, 400, None),
+    ("apply-template-bad-role", "POST", AT, {"messages": [{"role": "robot", "content": "x"}]}, {}, 400,
+     "messages[0].role"),
+    ("tokenize-content-and-prompt", "POST", "/tokenize", {"content": "x", "prompt": "y"}, {}, 400, "prompt"),
+    ("tokenize-content-surrogate", "POST", "/tokenize", {"content": SURROGATE}, {}, 400, "content"),
 ]
 
 

@@ -171,3 +171,24 @@ def test_ollamas_routes_list_the_directory_and_reach_each_model(models_dir, chec
         assert json.loads(http(url, "GET", "/api/version")[2])["version"]
     finally:
         server.stop()
+
+
+def test_llama_servers_routes_reach_the_model_they_name(models_dir, checkpoint):
+    import json
+    server = _router(models_dir, checkpoint, models_max=1)
+    try:
+        url, body = server.url, {"model": "smol-a", "prompt": "Hi", "n_predict": 2, "temperature": 0}
+        deadline = time.monotonic() + 120
+        status, _, raw = http(url, "POST", "/completion", body)
+        while status == 503 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            status, _, raw = http(url, "POST", "/completion", body)
+        assert status == 200 and json.loads(raw)["model"] == "smol-a" and server.loads == ["smol-a"]
+        props = json.loads(http(url, "GET", "/props?model=smol-a")[2])
+        assert props["model_alias"] == "smol-a" and props["default_generation_settings"]["n_ctx"] == MAX_MODEL_LEN
+        template = {"model": "smol-a", "messages": [{"role": "user", "content": "Hi"}]}
+        assert json.loads(http(url, "POST", "/apply-template", template)[2])["prompt"].endswith("assistant\n")
+        status, _, raw = http(url, "POST", "/completion", dict(body, model="smol-c"))
+        assert status == 404 and "smol-c" in json.loads(raw)["error"]["message"]
+    finally:
+        server.stop()

@@ -11,10 +11,12 @@ from server_helpers import MODEL, http
 jsonschema = pytest.importorskip("jsonschema")
 
 ROUTES = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatCompletionRequest",
-          "/tokenize": "TokenizeRequest", "/detokenize": "DetokenizeRequest"}
+          "/tokenize": "TokenizeRequest", "/detokenize": "DetokenizeRequest",
+          "/completion": "LlamaCppCompletionRequest", "/apply-template": "ApplyTemplateRequest"}
 # names clients send that neither OpenAI's API nor vLLM's has (and which must stay errors)
 FOREIGN = ["temprature", "max_new_tokens", "do_sample", "typical_p"]
-SERVED = {"model": MODEL, "max_tokens": 1}   # the server's name; one token keeps each request cheap
+# the server's name; one token keeps each request cheap (llama-server's n_predict: absent is -1, no bound)
+SERVED = {"model": MODEL, "max_tokens": 1, "n_predict": 1}
 
 
 def resolve(spec: dict, schema: dict) -> dict:
@@ -57,8 +59,11 @@ def request_with(spec: dict, schema: dict, names: list[str], everything: bool = 
             names = [n for n in names if n not in rivals - set(alternative["required"])]
             names += alternative["required"]
             break
-    if "max_tokens" in schema["properties"]:
-        names.append("max_tokens")   # chat would otherwise run to the end of the context
+    exclusive = schema.get("not", {}).get("required", [])   # fields that may not come together
+    if exclusive and set(exclusive) <= set(names):
+        names = [n for n in names if n != exclusive[-1]]
+    names += [name for name in ("max_tokens", "n_predict") if name in schema["properties"]]   # else: to the
+    # end of the context
     body = {name: SERVED.get(name) or sample(spec, schema["properties"][name], everything)
             for name in dict.fromkeys(names)}
     for name, rule in schema.get("dependentSchemas", {}).items():
@@ -71,7 +76,7 @@ def post(base_url: str, path: str, body: dict) -> tuple[int, bytes]:
     status, _, raw = http(base_url, "POST", path, body, timeout=60)
     if status == 200 and body.get("stream"):
         events = [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]
-        assert events[-1] == "[DONE]", raw[-300:]
+        assert events[-1] == "[DONE]" or path == "/completion" and "[DONE]" not in events, raw[-300:]
         assert not any('"error"' in e for e in events[:-1] if e.startswith('{"error"')), raw[-300:]
     return status, raw
 

@@ -175,15 +175,22 @@ class ModelList(ResponseModel):
     data: list[ModelCard]
 
 
+class TokenPiece(ResponseModel):
+    id: int
+    piece: str | list[int] = Field(description="The token's text, or its bytes where they are not whole UTF-8.")
+
+
 class TokenizeResponse(ResponseModel):
     count: int
     max_model_len: int
-    tokens: list[int]
+    tokens: list[int] | list[TokenPiece] = Field(description="Ids; {id, piece} objects for content with "
+                                                              "with_pieces.")
     token_strs: list[str] | None = None
 
 
 class DetokenizeResponse(ResponseModel):
     prompt: str
+    content: str = Field(description="The same text, as llama-server names it.")
 
 
 class TokenizerInfoResponse(ResponseModel):

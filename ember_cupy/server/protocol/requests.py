@@ -252,11 +252,19 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class TokenizeRequest(ProtocolModel):
-    """POST /tokenize: exactly one of prompt and messages."""
-    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]})
+    """POST /tokenize: exactly one of prompt and messages (vLLM's forms) and content (llama-server's)."""
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]},
+                                                           {"required": ["content"]}]})
 
     model: str | None = None
     prompt: str | None = Field(None, examples=["Hello"])
+    content: str | None = Field(None, description="llama-server's form: its text; the reply's tokens are ids, or "
+                                "{id, piece} objects with with_pieces.", examples=["Hello"])
+    add_special: bool = Field(False, description="With content: add BOS etc.")
+    parse_special: Literal[True] = Field(True, description="With content: only true (special tokens' text is "
+                                         "read as the special tokens).")
+    with_pieces: bool = Field(False, description="With content: each token as {id, piece}; piece is its text, "
+                              "or its bytes where they are not whole UTF-8.")
     messages: Messages | None = Field(None, min_length=1)
     add_special_tokens: bool | None = Field(None, description="Add BOS etc.; by default yes for a prompt, no for "
                                                               "messages (their template writes them).")
