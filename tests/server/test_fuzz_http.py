@@ -74,6 +74,22 @@ def test_responses_stream_check():
     assert "should end with one of" in stream_problem(_responses_stream("Hello", terminal="response.output_item.done"))
 
 
+def test_llamacpp_stream_check():
+    from openai_shapes import stream_problem
+
+    def stream(*events) -> str:
+        return "".join(f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n" for e in events)
+    part, last = {"index": 0, "content": "Hi", "stop": False}, {"index": 0, "content": "", "stop": True}
+    assert stream_problem(stream(part, part, last)) is None
+    assert stream_problem(stream(part, {"content": ""})) is None      # the last cut by response_fields
+    assert "last event is not stop=true" in stream_problem(stream(part, part))
+    assert "before its last event" in stream_problem(stream(part, last, last))
+    assert "not an object" in stream_problem(stream(part, last, "[DONE]"))
+    failed = {"error": {"message": "m", "type": "server_error", "param": None, "code": "internal_error"}}
+    assert "stream error event" in stream_problem(stream(part, failed))
+    assert stream_problem(stream(part, {"error": {**failed["error"], "code": "constraint_failed"}})) is None
+
+
 def _messages_stream(*kinds_and_indices) -> str:
     events = [{"type": kind, **({"index": index} if index is not None else {})} for kind, index in kinds_and_indices]
     return "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
