@@ -54,6 +54,14 @@ class APIError(Exception):
         return response
 
 
+CONSTRAINT_FAILED = "the output constraint failed during generation (a limit of the grammar engine)"
+
+
+def constraint_failed() -> APIError:
+    """A request whose output constraint failed mid-way (finish_reason "error")."""
+    return APIError(500, CONSTRAINT_FAILED, code="constraint_failed")
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
     return APIError(400, message, param=param, code=code)
 

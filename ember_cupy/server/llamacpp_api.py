@@ -18,16 +18,16 @@ from ember_cupy import tool_calls
 from ember_cupy.server import llamacpp_requests as Q
 from ember_cupy.server.async_engine import EngineDeadError, EngineNotReadyError
 from ember_cupy.server.completion_bodies import sse
-from ember_cupy.server.errors import APIError, bad_request
+from ember_cupy.server.errors import bad_request, constraint_failed
 from ember_cupy.server.llamacpp_replies import LlamaCppReply
 from ember_cupy.server.protocol import parse_completion, validate
 from ember_cupy.server.protocol.llamacpp import ApplyTemplateRequest, LlamaCppCompletionRequest
 from ember_cupy.server.request_stream import RequestStream
 from ember_cupy.server.serving import OpenAIServing, engine_error
 from ember_cupy.server.validation import read_json_body
+from ember_cupy.server.whole_reply import fed_whole
 
 log = logging.getLogger("ember_cupy.server")
-CONSTRAINT_FAILED = "the output constraint failed during generation (a limit of the grammar engine)"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -114,17 +114,7 @@ class LlamaCppServing:
 
     async def _whole(self, stream: RequestStream | None, reply: LlamaCppReply) -> dict:
         if stream is not None:
-            produced = False
-            try:
-                async for output in stream:
-                    produced = True
-                    reply.feed(output)
-            except (EngineDeadError, EngineNotReadyError) as exc:
-                raise engine_error(exc) from None
-            if reply.failed:
-                raise APIError(500, CONSTRAINT_FAILED, code="constraint_failed")
-            if not produced:   # the stream ended with no output at all (the server is stopping)
-                raise APIError(503, "the request was aborted before it produced anything", code="engine_not_ready")
+            await fed_whole(stream, reply)
         return reply.whole()
 
     async def _stream(self, request: web.Request, stream: RequestStream | None,
@@ -139,7 +129,7 @@ class LlamaCppServing:
                     for event in reply.feed(output):
                         await response.write(sse(event))
                     if reply.failed:
-                        await response.write(sse(APIError(500, CONSTRAINT_FAILED, code="constraint_failed").body()))
+                        await response.write(sse(constraint_failed().body()))
                         break
             await response.write_eof()
         except ConnectionError:   # the client went away: completion() closes the stream, which aborts it

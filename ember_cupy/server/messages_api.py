@@ -15,8 +15,8 @@ from ember_cupy import tool_calls
 from ember_cupy.server import anthropic_errors
 from ember_cupy.server import messages_chat as M
 from ember_cupy.server.async_engine import EngineDeadError, EngineNotReadyError
-from ember_cupy.server.errors import APIError
-from ember_cupy.server.messages_stream import CONSTRAINT_FAILED, MessageEvents
+from ember_cupy.server.errors import constraint_failed
+from ember_cupy.server.messages_stream import MessageEvents
 from ember_cupy.server.protocol import validate
 from ember_cupy.server.protocol.anthropic import CountTokensRequest, MessagesRequest
 from ember_cupy.server.request_stream import RequestStream
@@ -75,7 +75,7 @@ class _Reply:
             raise engine_error(exc) from None
         c = output.outputs[0]
         if c.finish_reason == "error":
-            raise APIError(500, CONSTRAINT_FAILED, code="constraint_failed")
+            raise constraint_failed()
         blocks, called = M.content_blocks(c.text, self.prompt, self.parsers, self.tools, self.supports_tools)
         return M.message(self.id, self.model, blocks, M.stop_reason(c.finish_reason, c.stop_reason, called),
                          M.usage(len(output.prompt_token_ids), len(c.token_ids)))

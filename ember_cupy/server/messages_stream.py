@@ -18,9 +18,9 @@ from ember_cupy.reasoning import ReasoningStream
 from ember_cupy.server import messages_chat as M
 from ember_cupy.server.output_parsers import OutputParsers
 from ember_cupy.server.completion_bodies import UsageCounter
+from ember_cupy.server.errors import CONSTRAINT_FAILED
 
 # finish_reason "error": the output constraint failed mid-way
-CONSTRAINT_FAILED = "the output constraint failed during generation (a limit of the grammar engine)"
 _DELTAS = {"text": ("text_delta", "text"), "thinking": ("thinking_delta", "thinking")}
 
 

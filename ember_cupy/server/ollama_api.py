@@ -24,8 +24,8 @@ from ember_cupy.server import ollama_models as models
 from ember_cupy.server import ollama_requests as Q
 from ember_cupy.server.async_engine import EngineDeadError, EngineNotReadyError
 from ember_cupy.server.embeddings import EmbeddingsServing
-from ember_cupy.server.errors import APIError
-from ember_cupy.server.ollama_replies import CONSTRAINT_FAILED, NDJSON, OllamaReply, line, loaded
+from ember_cupy.server.errors import CONSTRAINT_FAILED, APIError
+from ember_cupy.server.ollama_replies import NDJSON, OllamaReply, line, loaded
 from ember_cupy.server.protocol import parse_completion, validate
 from ember_cupy.server.protocol.ollama import (
     OllamaChatRequest,
@@ -38,6 +38,7 @@ from ember_cupy.server.protocol.ollama import (
 from ember_cupy.server.request_stream import RequestStream
 from ember_cupy.server.serving import OpenAIServing, engine_error
 from ember_cupy.server.validation import read_json_body
+from ember_cupy.server.whole_reply import fed_whole
 
 log = logging.getLogger("ember_cupy.server")
 OLLAMA_API_VERSION = "0.12.6"   # the Ollama release whose API these routes follow
@@ -124,17 +125,7 @@ class OllamaServing:
             stream.close()
 
     async def _whole(self, stream: RequestStream, reply: OllamaReply) -> dict:
-        objects = []
-        try:
-            async for output in stream:
-                objects += reply.feed(output)
-        except (EngineDeadError, EngineNotReadyError) as exc:
-            raise engine_error(exc) from None
-        if reply.failed:
-            raise APIError(500, CONSTRAINT_FAILED, code="constraint_failed")
-        if not objects:   # the stream ended with no output at all (the server is stopping)
-            raise APIError(503, "the request was aborted before it produced anything", code="engine_not_ready")
-        return reply.whole(objects)
+        return reply.whole(await fed_whole(stream, reply))
 
     async def _stream(self, request: web.Request, stream: RequestStream, reply: OllamaReply) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": NDJSON, "Cache-Control": "no-cache",

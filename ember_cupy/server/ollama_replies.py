@@ -21,7 +21,6 @@ from ember_cupy.server.output_parsers import OutputParsers
 NDJSON = "application/x-ndjson"
 # finish_reason -> done_reason ("error", a failed output constraint, becomes an error object instead)
 DONE_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
-CONSTRAINT_FAILED = "the output constraint failed during generation (a limit of the grammar engine)"
 
 
 def now_rfc3339(seconds: float | None = None) -> str:

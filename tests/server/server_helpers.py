@@ -73,3 +73,30 @@ def parallel(*calls):
     with ThreadPoolExecutor(len(calls)) as pool:
         futures = [pool.submit(call) for call in calls]
         return [f.result() for f in futures]
+
+
+def leaving_mid_stream_aborts(base_url: str, path: str, body: dict, line_start: bytes = b"") -> None:
+    """A client that reads two lines of a streamed reply (those starting with line_start) and
+    leaves: its request is aborted (counted once) and every KV block is free again."""
+    import asyncio
+
+    import aiohttp
+    from test_cancellation import _wait_idle
+    _wait_idle(base_url)
+    aborted_before = metric(base_url, "ember:request_success_total", finished_reason="abort") or 0.0
+
+    async def leave_after_two_lines():
+        async with aiohttp.ClientSession() as session:
+            response = await session.post(base_url + path, json=body)
+            lines = 0
+            async for line in response.content:
+                lines += line.startswith(line_start) and bool(line.strip())
+                if lines == 2:
+                    break
+            response.close()
+            return lines
+
+    assert asyncio.run(asyncio.wait_for(leave_after_two_lines(), 60)) == 2
+    _wait_idle(base_url)
+    assert metric(base_url, "ember:kv_cache_free_blocks") == metric(base_url, "ember:kv_cache_total_blocks")
+    assert metric(base_url, "ember:request_success_total", finished_reason="abort") - aborted_before == 1

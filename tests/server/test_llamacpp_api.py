@@ -179,31 +179,10 @@ def test_a_completion_past_the_context_is_refused_and_minus_one_runs_to_it(base_
 
 
 def test_a_client_that_leaves_mid_stream_aborts_its_request(base_url):
-    import asyncio
-
-    import aiohttp
-    from server_helpers import metric
-    from test_cancellation import _wait_idle
-    _wait_idle(base_url)
-    aborted_before = metric(base_url, "ember:request_success_total", finished_reason="abort") or 0.0
-
-    async def leave_after_two_events():
-        async with aiohttp.ClientSession() as session:
-            response = await session.post(base_url + "/completion", json={
-                "prompt": "Tell me a story.", "n_predict": 400, "temperature": 0, "stream": True,
-                "ignore_eos": True})
-            seen = 0
-            async for line in response.content:
-                seen += line.startswith(b"data: ")
-                if seen == 2:
-                    break
-            response.close()
-            return seen
-
-    assert asyncio.run(asyncio.wait_for(leave_after_two_events(), 60)) == 2
-    _wait_idle(base_url)
-    assert metric(base_url, "ember:kv_cache_free_blocks") == metric(base_url, "ember:kv_cache_total_blocks")
-    assert metric(base_url, "ember:request_success_total", finished_reason="abort") - aborted_before == 1
+    from server_helpers import leaving_mid_stream_aborts
+    leaving_mid_stream_aborts(base_url, "/completion", {"prompt": "Tell me a story.", "n_predict": 400,
+                                                        "temperature": 0, "stream": True, "ignore_eos": True},
+                              line_start=b"data: ")
 
 
 @pytest.mark.parametrize("body,param,words", [
