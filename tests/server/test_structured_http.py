@@ -63,6 +63,19 @@ def test_response_format_json_object_and_text(base_url):
     assert status == 200
 
 
+@pytest.mark.parametrize("kind", ["json_object", "json_schema"])
+def test_llama_servers_response_format_with_a_bare_schema(base_url, kind):
+    """llama-server's shape, {"type": ..., "schema": S}, constrains the text to S on both endpoints."""
+    status, body = chat(base_url, messages=ASK_CITY, response_format={"type": kind, "schema": CITY_SCHEMA})
+    assert status == 200, body
+    jsonschema.validate(json.loads(body["choices"][0]["message"]["content"]), CITY_SCHEMA)
+    status, _, raw = http(base_url, "POST", "/v1/completions", {
+        "model": MODEL, "prompt": "A city as JSON:", "max_tokens": 64, "temperature": 0,
+        "response_format": {"type": kind, "schema": CITY_SCHEMA}})
+    assert status == 200, raw
+    jsonschema.validate(json.loads(json.loads(raw)["choices"][0]["text"]), CITY_SCHEMA)
+
+
 def test_structured_outputs_on_both_endpoints(base_url):
     status, body = chat(base_url, messages=ASK_CITY, structured_outputs={"choice": ["alpha", "beta"]})
     assert status == 200 and body["choices"][0]["message"]["content"] in ("alpha", "beta")
@@ -106,6 +119,10 @@ def test_streamed_json_schema(base_url):
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}},
      None, "Invalid type"),
     ({"structured_outputs": {"regex": "(ab"}}, None, "unclosed group"),
+    ({"response_format": {"type": "json_schema", "schema": {}, "json_schema": {"name": "x"}}}, "response_format",
+     "exactly one"),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "exactly one"),
+    ({"response_format": {"type": "text", "schema": {}}}, "response_format", "only when"),
     ({"structured_outputs": {"grammar": "start: nothing_here"}}, None, "nothing_here"),
     ({"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}}, "response_format", "not both"),
     ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},

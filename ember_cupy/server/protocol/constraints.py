@@ -1,7 +1,8 @@
 """The seam between the request's structured-output fields and constrained decoding.
 
 Mapped as vLLM maps them: `response_format` {"type": "json_object"} -> any JSON object,
-{"type": "json_schema", "json_schema": {"schema": S}} -> S, {"type": "text"} -> nothing; vLLM's
+{"type": "json_schema", "json_schema": {"schema": S}} -> S, {"type": "text"} -> nothing, llama-server's
+{"type": "json_object" or "json_schema", "schema": S} -> S; vLLM's
 `structured_outputs` -> itself. `tools` / `tool_choice` / `parallel_tool_calls` -> a ToolSpec, whose
 constraint (ember_cupy/tool_calls.py) depends on the chat template, so serving builds it.
 """
@@ -39,6 +40,8 @@ def structured_constraint(request: CompletionRequest | ChatCompletionRequest) ->
 
 
 def _from_response_format(response_format) -> StructuredOutputsParams | None:
+    if response_format.bare_schema is not None:   # llama-server's {"type": "json_object", "schema": S}
+        return StructuredOutputsParams(json=response_format.bare_schema)
     if response_format.type == "json_object":
         return StructuredOutputsParams(json_object=True)
     if response_format.type == "json_schema":

@@ -210,6 +210,8 @@ class CompletionRequest(SamplingFields):
     logprobs: Integer | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Top-k logprobs per token.",
                                  examples=[1])
     suffix: None = Field(None, description="Not supported (text after an insertion point).")
+    response_format: ResponseFormat | None = Field(None, description="As chat's (vLLM and llama-server take it "
+                                                   "here too).", examples=[{"type": "text"}])
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -51,12 +51,21 @@ class JsonSchemaFormat(ProtocolModel):
 
 class ResponseFormat(ProtocolModel):
     type: Literal["text", "json_object", "json_schema"] = Field(examples=["json_schema"])
-    json_schema: JsonSchemaFormat | None = Field(None, description="Required when type is 'json_schema'.")
+    json_schema: JsonSchemaFormat | None = Field(None, description="Required when type is 'json_schema' (or "
+                                                 "'schema' instead).")
+    bare_schema: dict[str, Any] | None = Field(
+        None, alias="schema", description="llama-server's form: the JSON Schema itself, with type 'json_object' "
+        "or 'json_schema'.", examples=[{"type": "object", "properties": {"answer": {"type": "string"}}}])
 
     @model_validator(mode="after")
-    def _schema_iff_json_schema(self):
-        if (self.type == "json_schema") != (self.json_schema is not None):
-            raise ValueError("'json_schema' is required when type is 'json_schema', and allowed only then")
+    def _one_schema_for_json_schema(self):
+        if self.type == "json_schema" and (self.json_schema is None) == (self.bare_schema is None):
+            raise ValueError("type 'json_schema' takes 'json_schema' (OpenAI's) or 'schema' (llama-server's), "
+                             "exactly one")
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise ValueError("'json_schema' is allowed only when type is 'json_schema'")
+        if self.type == "text" and self.bare_schema is not None:
+            raise ValueError("'schema' is allowed only when type is 'json_object' or 'json_schema'")
         return self
 
 
