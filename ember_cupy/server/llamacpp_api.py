@@ -56,6 +56,7 @@ class LlamaCppServing:
         model = req.model or self.serving.model_names[0]
         bias = Q.logit_bias(req.logit_bias or [], await self._bias_text_ids(req.logit_bias or []))
         prompts = [await self._prepare(index, pieces, req, model, bias) for index, pieces in enumerate(req.prompt)]
+        self.serving.check_prompt_total([prompt.token_ids for prompt in prompts], "prompt")
         streams: list[RequestStream | None] = []
         try:
             for prompt in prompts:

@@ -144,12 +144,16 @@ class OpenAIServing:
                 raise engine_error(exc) from None
         if params is not None and params.truncate_prompt_tokens is not None:
             token_ids = [truncate_prompt(ids, params, self.engine.max_model_len) for ids in token_ids]
+        self.check_prompt_total(token_ids, param)
+        return token_ids
+
+    def check_prompt_total(self, token_ids: list[list[int]], param: str) -> None:
+        """--max-prompt-tokens-per-request over all the prompts of a request."""
         total = sum(map(len, token_ids))
         if total > self.max_prompt_tokens:
             raise APIError(400, f"the request's prompts have {total} tokens in all; a request may have at most "
                                 f"{self.max_prompt_tokens} (--max-prompt-tokens-per-request)",
                            param=param, code="context_length_exceeded")
-        return token_ids
 
     # --- endpoints ------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:

@@ -44,11 +44,14 @@ def capped(start_server):
     return start_server(settings={"max_prompt_tokens_per_request": 1000})
 
 
-@pytest.mark.parametrize("path,field", [("/v1/embeddings", "input"), ("/v1/completions", "prompt")])
+@pytest.mark.parametrize("path,field", [("/v1/embeddings", "input"), ("/v1/completions", "prompt"),
+                                        ("/completion", "prompt")])
 def test_the_prompt_tokens_of_one_request_are_capped(capped, path, field):
     body = {"model": MODEL, field: [ids(400), ids(400), ids(400)]}
     if path == "/v1/completions":
         body["max_tokens"] = 1
+    if path == "/completion":   # llama-server's: an array of id arrays is several prompts
+        body["n_predict"] = 1
     status, _, raw = http(capped.url, "POST", path, body)
     assert status == 400, raw[:300]
     error = error_of(raw)
