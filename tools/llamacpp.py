@@ -11,6 +11,7 @@ see NO_AMX_FLAGS) into ~/.cache/ember-cupy/llama.cpp/build/bin/.
 """
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -211,22 +212,29 @@ def _wait_ready(url: str, server: subprocess.Popen, timeout: float = 120.0) -> N
     raise TimeoutError("llama-server did not become ready")
 
 
-def llama_tokenize(model: str, texts: list[str], add_special: bool, context: int = 2048) -> list[list[int]]:
-    """llama.cpp's token ids of each text (its /tokenize, special tokens parsed), from a
-    llama-server started on `model` for the call."""
+@contextlib.contextmanager
+def running_llama_server(model: str, context: int = 2048, *extra: str):
+    """A llama-server on `model` for the block (one thread); yields its base URL."""
     binary = ensure_llama_server()
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", "1",
-                               "-c", str(context), "--no-warmup"], stdout=subprocess.DEVNULL,
+                               "-c", str(context), "--no-warmup", *extra], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
         _wait_ready(url, server)
-        return [_post(url + "/tokenize", {"content": t, "add_special": add_special, "parse_special": True})["tokens"]
-                for t in texts]
+        yield url
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def llama_tokenize(model: str, texts: list[str], add_special: bool, context: int = 2048) -> list[list[int]]:
+    """llama.cpp's token ids of each text (its /tokenize, special tokens parsed), from a
+    llama-server started on `model` for the call."""
+    with running_llama_server(model, context) as url:
+        return [_post(url + "/tokenize", {"content": t, "add_special": add_special, "parse_special": True})["tokens"]
+                for t in texts]
 
 
 def main():

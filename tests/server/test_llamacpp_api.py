@@ -6,11 +6,14 @@ parameters a /v1/completions request would give."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import pytest
 from server_helpers import MAX_MODEL_LEN, MODEL, documented, http
 
 jsonschema = pytest.importorskip("jsonschema")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
 
 PROMPT = "The capital of France is"
 GREEDY = {"temperature": 0, "n_predict": 8}
@@ -238,3 +241,44 @@ def test_props_describe_the_server(base_url, spec):
     assert props["default_generation_settings"]["n_ctx"] == MAX_MODEL_LEN and props["model_alias"] == MODEL
     assert props["default_generation_settings"]["params"]["temperature"] == 0.8
     assert props["total_slots"] >= 1 and props["model_path"].endswith(".gguf")
+
+
+# --- llama-server's own answers (tools/make_llamacpp_api_fixture.py) ------------------------------
+@pytest.fixture(scope="module")
+def recorded():
+    with open(os.path.join(os.path.dirname(__file__), "..", "fixtures", "llamacpp_api.json")) as f:
+        return json.load(f)
+
+
+def same_fields(ours: dict, theirs: dict[str, str]) -> None:
+    """ours has every field llama-server's answer has, each of the same JSON type."""
+    from make_llamacpp_api_fixture import shape
+    assert {k: v for k, v in shape(ours).items() if k in theirs} == theirs, sorted(set(theirs) - set(ours))
+
+
+def test_results_and_events_have_llama_servers_fields(base_url, recorded):
+    greedy = {"prompt": recorded["prompt"], "n_predict": 4, "temperature": 0}
+    result = complete(base_url, **greedy, n_probs=2, return_tokens=True)
+    same_fields(result, recorded["completion"])
+    same_fields(result["timings"], recorded["timings"])
+    same_fields(result["completion_probabilities"][0], recorded["probability"])
+    same_fields(result["completion_probabilities"][0]["top_logprobs"][0], recorded["top_probability"])
+    parts = events(http(base_url, "POST", "/completion", {**greedy, "stream": True})[2])
+    same_fields(parts[0], recorded["stream_event"])
+    same_fields(parts[-1], recorded["stream_last"])
+    assert [p["stop"] for p in parts] == recorded["stream_stops"]   # one event per token here too
+    props = json.loads(http(base_url, "GET", "/props")[2])
+    same_fields(props, recorded["props"])
+
+
+def test_tokenizer_and_template_answer_as_llama_server(base_url, recorded):
+    for text, ids in recorded["tokenize"].items():
+        assert json.loads(http(base_url, "POST", "/tokenize", {"content": text})[2])["tokens"] == ids, text
+    for text, pieces in recorded["pieces"].items():
+        ours = json.loads(http(base_url, "POST", "/tokenize", {"content": text, "with_pieces": True})[2])
+        assert ours["tokens"] == pieces, text
+    ids = recorded["tokenize"][list(recorded["tokenize"])[1]]
+    assert json.loads(http(base_url, "POST", "/detokenize", {"tokens": ids})[2])["content"] == \
+        recorded["detokenize"]["content"]
+    prompt = json.loads(http(base_url, "POST", "/apply-template", {"messages": recorded["messages"]})[2])
+    assert prompt == recorded["apply_template"]
