@@ -15,7 +15,8 @@ token) is timed over and over beside them. For each attack it reports
 Attacks: structured outputs (wide, enum-heavy, deep and slow-to-compile schemas, at once),
 Responses (metadata at and past OpenAI's bounds, large stored text.format, previous_response_id
 chains), embeddings (64 inputs of growing length), prompt logprobs (prompt_logprobs 20 with n=2
-and echo), tokenization (4 large /tokenize bodies at once).
+and echo), tokenization (4 large /tokenize bodies at once), llama-server's /completion (64 prompts
+with n_probs 20, a wide json_schema).
 
     python tools/attack_http.py --report attack.json                # spawns a server, ~5 min
     python tools/attack_http.py --quick --min-probes 1 --report attack.json   # a small one, ~1 min
@@ -268,8 +269,18 @@ def responses(model: str, sizes: Sizes, growth: int, round_no: int = 0) -> list[
     return stored + [Request("/v1/responses", {**body, "metadata": too_much})]
 
 
+def llamacpp(model: str, sizes: Sizes, growth: int, round_no: int = 0) -> list[Request]:
+    """llama-server's /completion: many prompts with 20 top logprobs per token, and a wide schema."""
+    salt = round_no * sizes.logprob_prompts
+    prompts = [token_ids(sizes.logprob_tokens * growth, salt + i) for i in range(sizes.logprob_prompts)]
+    schema = _wide_schema(sizes.schema_width * growth, int(time.monotonic() * 1000) % 100000)
+    return [Request("/completion", {"model": model, "prompt": prompts, "n_predict": 2, "n_probs": 20}),
+            Request("/completion", {"model": model, "prompt": "Reply with JSON.", "n_predict": 48, "temperature": 0,
+                                    "json_schema": schema}, schema)]
+
+
 ATTACKS = {"structured": structured, "responses": responses, "embeddings": embeddings,
-           "prompt_logprobs": prompt_logprobs, "tokenize": tokenize}
+           "prompt_logprobs": prompt_logprobs, "tokenize": tokenize, "llamacpp": llamacpp}
 
 
 # ---------------------------------------------------------------- checking the outputs
@@ -277,6 +288,8 @@ ATTACKS = {"structured": structured, "responses": responses, "embeddings": embed
 def structured_text(request: Request, reply: Reply) -> str | None:
     """The JSON text of a structured output that ended normally (None otherwise)."""
     body = reply.body or {}
+    if request.path == "/completion":   # llama-server's result: eos = the grammar ended
+        return body.get("content") if body.get("stop_type") == "eos" else None
     if request.path == "/v1/responses":
         if body.get("status") != "completed":
             return None
