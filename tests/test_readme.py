@@ -39,7 +39,7 @@ README = os.path.join(REPO, "README.md")
 # design.md is the developers' map: its spans name commands rather than show them
 USER_DOCS = [README] + sorted(os.path.join(REPO, "docs", name) for name in os.listdir(os.path.join(REPO, "docs"))
                               if name.endswith(".md") and name != "design.md")
-README_PORTS = ("8000", "9000", "9001")
+README_PORTS = ("8000", "9000", "9001", "9003")
 INLINE_COMMAND = re.compile(r"^(ember-cupy|python|bash|pip)\s")
 
 NOT_RUN = {

@@ -7,6 +7,7 @@ import logging
 import os
 
 from ember_cupy.cli.flags import engine_config
+from ember_cupy.cli.llamacpp_flags import apply_llamacpp_flags
 from ember_cupy.cli.loading import BackgroundLoad, check_dtype, load_engine
 from ember_cupy.cli.vllm_flags import check_generation_config, check_vllm_flags
 
@@ -27,6 +28,7 @@ def check_serve_args(args) -> None:
     from ember_cupy.server.listen_address import check_can_listen
     if args.model_tag is not None:
         args.model = args.model_tag
+    apply_llamacpp_flags(args)
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     if args.max_prompt_tokens_per_request < 1:

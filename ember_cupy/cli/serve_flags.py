@@ -1,8 +1,9 @@
 """`serve`'s own flag groups: the server, reasoning and tool-call parsers, many models (router mode),
-data parallel (Ray Serve), vLLM compatibility. `add` is flag_values.add_flag; nothing heavy is imported here."""
+data parallel (Ray Serve), vLLM's and llama-server's flags. `add` is flag_values.add_flag; nothing heavy is imported here."""
 from __future__ import annotations
 
 from ember_cupy.cli.flag_values import parse_size
+from ember_cupy.cli.llamacpp_flags import llamacpp_flags
 from ember_cupy.cli.vllm_flags import vllm_flags
 from ember_cupy.ray_serve.cli import add_data_parallel_flags   # no ray import: flags only
 from ember_cupy.reasoning import PARSERS as REASONING
@@ -41,6 +42,7 @@ def server_flags(parser, add) -> None:
     _router_flags(parser, add)
     add_data_parallel_flags(parser, add)
     vllm_flags(parser, add)
+    llamacpp_flags(parser)
 
 
 def _output_parser_flags(parser, add) -> None:
