@@ -56,6 +56,7 @@ class LlamaCppReply:
                  return_tokens: bool, timings_per_token: bool, response_fields: list[str] | None):
         self.index = index
         self.model = model
+        self.n_ctx = settings["n_ctx"]
         self.prompt = prompt
         self.settings = settings
         self.logprobs = LogprobFormatter(tokenizer) if n_probs else None
@@ -123,10 +124,15 @@ class LlamaCppReply:
         return {"index": self.index, "content": text, "tokens": list(token_ids), "id_slot": NO_SLOT, "stop": True,
                 "model": self.model, "tokens_predicted": len(self.token_ids),
                 "tokens_evaluated": len(self.prompt_token_ids), "generation_settings": self.settings,
-                "prompt": self.prompt, "has_new_line": "\n" in full_text, "truncated": False, "stop_type": stop,
+                "prompt": self.prompt, "has_new_line": "\n" in full_text, "truncated": self._filled_context(),
+                "stop_type": stop,
                 "stopping_word": self.stop_reason if stop == "word" else "",
                 "tokens_cached": max(len(self.prompt_token_ids) + len(self.token_ids) - 1, 0),
                 "timings": self._timings()}
+
+    def _filled_context(self) -> bool:
+        """llama-server's `truncated`: the text stopped because the context was full."""
+        return self.finish_reason == "length" and len(self.prompt_token_ids) + len(self.token_ids) >= self.n_ctx
 
     def _timings(self) -> dict:
         m = self.metrics

@@ -20,9 +20,9 @@ def completion_body(req: LlamaCppCompletionRequest, token_ids: list[int], max_mo
                     logit_bias: dict[str, float]) -> dict:
     """The /v1/completions body asking for what `req` asks for its prompt `token_ids`."""
     use = set(SAMPLER_NAMES if req.samplers is None else req.samplers)
+    room = max(max_model_len - len(token_ids), 1)   # llama-server stops where the context is full
     body: dict = {"prompt": token_ids, "stop": req.stop, "ignore_eos": req.ignore_eos,
-                  "max_tokens": req.n_predict if req.n_predict > 0 else max(max_model_len - len(token_ids), 1),
-                  **_sampling(req, use)}
+                  "max_tokens": min(req.n_predict, room) if req.n_predict > 0 else room, **_sampling(req, use)}
     penalties = "penalties" in use and req.repeat_last_n != 0
     body.update(repetition_penalty=req.repeat_penalty if penalties else 1.0,
                 presence_penalty=req.presence_penalty if penalties else 0.0,

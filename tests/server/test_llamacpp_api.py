@@ -173,12 +173,14 @@ def test_n_predict_zero_generates_nothing(base_url):
     assert result["tokens_evaluated"] == 5 and result["timings"]["prompt_n"] == 0
 
 
-def test_a_completion_past_the_context_is_refused_and_minus_one_runs_to_it(base_url):
+def test_a_prompt_past_the_context_is_refused_and_a_long_n_predict_stops_where_it_ends(base_url):
     ids = json.loads(http(base_url, "POST", "/tokenize", {"content": "word " * 600})[2])["tokens"]
     status, error = refusal(base_url, "/completion", {"prompt": ids})
     assert status == 400 and "context" in error["message"], error
-    fits = complete(base_url, prompt=ids[:MAX_MODEL_LEN - 6], n_predict=-1, ignore_eos=True)
-    assert (fits["tokens_predicted"], fits["stop_type"]) == (6, "limit")
+    for n_predict in (-1, 10_000):   # as llama-server: the text stops where the context is full
+        fits = complete(base_url, prompt=ids[:MAX_MODEL_LEN - 6], n_predict=n_predict, ignore_eos=True)
+        assert (fits["tokens_predicted"], fits["stop_type"], fits["truncated"]) == (6, "limit", True)
+    assert complete(base_url, prompt=ids[:MAX_MODEL_LEN - 6], n_predict=5, ignore_eos=True)["truncated"] is False
 
 
 def test_a_client_that_leaves_mid_stream_aborts_its_request(base_url):
