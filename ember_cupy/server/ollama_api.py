@@ -112,6 +112,9 @@ class OllamaServing:
 
     async def _run(self, request: web.Request, streamed: bool, reply: OllamaReply, prompt: str, params,
                    token_ids: list[int]) -> web.StreamResponse:
+        room = max(self.engine.max_model_len - len(token_ids), 1)
+        if params.max_tokens is not None and params.max_tokens > room:   # Ollama stops where the context ends
+            params = dataclasses.replace(params, max_tokens=room)
         try:
             stream = await self.engine.add_request(prompt, params, request_id=f"ollama-{uuid.uuid4().hex}",
                                                    prompt_token_ids=token_ids)

@@ -207,6 +207,18 @@ def test_a_raw_generation_without_num_predict_runs_to_the_end_of_the_context(lla
     assert reply.prompt_eval_count + reply.eval_count <= MAX_MODEL_LEN
 
 
+@pytest.mark.parametrize("raw", [True, False])
+def test_a_num_predict_past_the_context_stops_where_it_ends(llama, base_url, raw):
+    """Ollama generates on past its context; a 400 there would break a client that asks much."""
+    _, _, ids = http(base_url, "POST", "/tokenize", {"model": MODEL, "prompt": "1, 2, 3, 4, " * 100})
+    context = json.loads(ids)["tokens"][:MAX_MODEL_LEN - 40]
+    reply = llama.generate(model=MODEL, prompt="5, 6,", raw=raw, context=context,
+                           options={"temperature": 0, "num_predict": 10_000})
+    assert reply.done_reason in ("stop", "length") and reply.eval_count > 0
+    assert reply.prompt_eval_count + reply.eval_count <= MAX_MODEL_LEN
+    assert reply.done_reason == "stop" or reply.prompt_eval_count + reply.eval_count == MAX_MODEL_LEN
+
+
 @pytest.mark.parametrize("path,body,kind", [
     ("/api/chat", {"model": MODEL}, "message"), ("/api/generate", {"model": MODEL, "prompt": ""}, "response")])
 def test_a_request_that_asks_nothing_loads_the_model(base_url, path, body, kind):
