@@ -17,7 +17,8 @@ def server_flags(parser, add) -> None:
     add(g, "--served-model-name", nargs="+", default=None, help="model name(s) clients use")
     add(g, "--api-key", default=None,
         help="require 'Authorization: Bearer <key>' (scheme in any case) or 'x-api-key: <key>' on /v1/*, /api/*, /tokenize, /detokenize, "
-             "/tokenizer_info, /completion, /completions, /apply-template and /props; /health, /metrics, /version, /openapi.json and the pages / (chat) and /docs "
+             "/tokenizer_info, /completion, /completions, /apply-template, /props and (--models-dir) "
+             "/models/load and /models/unload; /health, /metrics, /version, /openapi.json and the pages / (chat) and /docs "
              "stay public")
     add(g, "--allowed-origins", nargs="+", default=[], help="CORS origins ('*' for any); off when unset")
     add(g, "--max-request-body-bytes", type=parse_size, default=4 << 20, help="larger bodies get 413")

@@ -16,7 +16,8 @@ log = logging.getLogger("ember_cupy.server")
 # With an API key these need "Authorization: Bearer <key>" or Anthropic's "x-api-key: <key>"; every
 # other route (/health, /metrics, /version, /openapi.json, the / and /docs pages: probes, scrapers,
 # docs) stays public. cli/serve_flags.py's --api-key help and README.md list both.
-PROTECTED_PREFIXES = ("/v1/", "/api/", "/tokenize", "/detokenize", "/completion", "/apply-template", "/props")
+PROTECTED_PREFIXES = ("/v1/", "/api/", "/tokenize", "/detokenize", "/completion", "/apply-template", "/props",
+                      "/models/")   # the router's /models/load and /models/unload
 
 
 def error_middleware():

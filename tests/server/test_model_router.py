@@ -32,8 +32,8 @@ def models_dir(tmp_path_factory):
     return root
 
 
-def _router(models_dir, checkpoint, **pool_args) -> BackgroundServer:
-    settings = ServerSettings(host="127.0.0.1", port=0)
+def _router(models_dir, checkpoint, api_key=None, **pool_args) -> BackgroundServer:
+    settings = ServerSettings(host="127.0.0.1", port=0, api_key=api_key)
     loads = []
 
     def make_app(name, path):
@@ -190,5 +190,21 @@ def test_llama_servers_routes_reach_the_model_they_name(models_dir, checkpoint):
         assert json.loads(http(url, "POST", "/apply-template", template)[2])["prompt"].endswith("assistant\n")
         status, _, raw = http(url, "POST", "/completion", dict(body, model="smol-c"))
         assert status == 404 and "smol-c" in json.loads(raw)["error"]["message"]
+    finally:
+        server.stop()
+
+
+def test_an_api_key_guards_loading_and_unloading(models_dir, checkpoint):
+    """With --api-key nobody without it may load or unload a model (a memory or denial-of-service
+    lever); /health stays public."""
+    server = _router(models_dir, checkpoint, api_key="sekret")
+    try:
+        for path in ("/models/load", "/models/unload", "/v1/models", "/props?model=smol-a"):
+            method, body = ("GET", None) if path.startswith(("/v1/", "/props")) else ("POST", {"model": "smol-a"})
+            assert http(server.url, method, path, body)[0] == 401, path
+        assert not server.loads and http(server.url, "GET", "/health")[0] == 200
+        status, _, _ = http(server.url, "POST", "/models/load", {"model": "smol-a"},
+                            headers={"Authorization": "Bearer sekret"})
+        assert status == 200 and server.loads == ["smol-a"]
     finally:
         server.stop()
