@@ -51,6 +51,7 @@ class LlamaCppServing:
         self.serving.ensure_ready()
         req = validate(LlamaCppCompletionRequest, body, self.engine.tokenizer.vocab_size)
         self.serving.check_model(req.model)
+        req = Q.with_server_defaults(req, self.engine.model_info().sampling_defaults)
         if req.stream and len(req.prompt) > 1:
             raise bad_request("a streamed completion takes one prompt; send a request per prompt", param="prompt")
         model = req.model or self.serving.model_names[0]
@@ -155,7 +156,7 @@ class LlamaCppServing:
     async def props(self, request: web.Request) -> web.Response:
         self.serving.ensure_ready()
         info, tokenizer = self.engine.model_info(), self.engine.tokenizer
-        defaults = validate(LlamaCppCompletionRequest, {"prompt": " "})
+        defaults = Q.with_server_defaults(validate(LlamaCppCompletionRequest, {"prompt": " "}), info.sampling_defaults)
         body = Q.completion_body(defaults, [], info.max_model_len, {})
         token = lambda i: "" if i is None else tokenizer.id_to_token(i)  # noqa: E731
         eos = list(tokenizer.eos_token_ids)

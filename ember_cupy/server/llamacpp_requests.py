@@ -14,6 +14,18 @@ from __future__ import annotations
 from ember_cupy.server.protocol.llamacpp import RANDOM_SEEDS, SAMPLER_NAMES, LlamaCppCompletionRequest
 
 NEVER = -100.0   # the bias of a token given `false`
+# llama-server's request field -> the SamplingParams field of the server's defaults (--temp... or
+# --override-generation-config) that stands in for it when a request leaves it out
+SERVER_DEFAULTS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                   "repeat_penalty": "repetition_penalty", "n_predict": "max_tokens"}
+
+
+def with_server_defaults(req: LlamaCppCompletionRequest, defaults: dict) -> LlamaCppCompletionRequest:
+    """req with the server's defaults in the sampling fields it left out (llama-server's --temp,
+    --top-k... set its requests' defaults); the others keep llama-server's."""
+    unset = {name: defaults[field] for name, field in SERVER_DEFAULTS.items()
+             if name not in req.model_fields_set and defaults.get(field) is not None}
+    return req.model_copy(update=unset) if unset else req
 
 
 def completion_body(req: LlamaCppCompletionRequest, token_ids: list[int], max_model_len: int,

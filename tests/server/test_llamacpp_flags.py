@@ -94,6 +94,12 @@ def test_a_server_started_with_llama_servers_flags_answers_as_they_say():
         first, again = (json.loads(http(url, "POST", "/v1/chat/completions", ask)[2]) for _ in range(2))
         assert first["usage"]["completion_tokens"] == 3          # -n 3: the default max_tokens
         assert first["choices"][0]["message"] == again["choices"][0]["message"]   # --temp 0: greedy
+        params = props["default_generation_settings"]["params"]
+        assert (params["temperature"], params["n_predict"], params["top_k"]) == (0, 3, 40)   # 40: llama-server's
+        native = [json.loads(http(url, "POST", "/completion", {"prompt": "Hello"})[2]) for _ in range(2)]
+        assert [r["tokens_predicted"] for r in native] == [3, 3] and native[0]["content"] == native[1]["content"]
+        assert json.loads(http(url, "POST", "/completion", {"prompt": "Hello", "n_predict": 5})[2])[
+            "tokens_predicted"] == 5
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
