@@ -30,6 +30,7 @@ from ember_cupy.server.protocol.base import (
     Metadata,
     ProtocolModel,
     integral_float_as_int,
+    present,
     check_token_ids,
 )
 from ember_cupy.server.protocol.messages import MESSAGES_FIELD, Messages
@@ -255,8 +256,8 @@ class ChatCompletionRequest(SamplingFields):
 
 class TokenizeRequest(ProtocolModel):
     """POST /tokenize: exactly one of prompt and messages (vLLM's forms) and content (llama-server's)."""
-    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]},
-                                                           {"required": ["content"]}]})
+    model_config = ConfigDict(json_schema_extra={"oneOf": [present("prompt"), present("messages"),
+                                                           present("content")]})
 
     model: str | None = None
     prompt: str | None = Field(None, examples=["Hello"])
