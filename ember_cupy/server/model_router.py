@@ -3,7 +3,8 @@ application of the model its body names (loaded on demand), plus llama.cpp's rou
 GET /v1/models (every model, with its status), POST /models/load and /models/unload
 ({"model": name}). /health answers for the router; /metrics joins the loaded models' series.
 Ollama's routes too: those naming a model go to it (`name:latest` is `name`), GET /api/tags lists
-every model of the directory (described from its file headers), /api/ps the loaded ones.
+every model of the directory (described from its file headers), /api/ps the loaded ones, and
+keep_alive 0 on a request that asks nothing unloads its model (`ollama stop`).
 llama-server's /completion and /apply-template go to the model their body names, GET /props to
 the one `?model=` names."""
 from __future__ import annotations
@@ -15,6 +16,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ember_cupy.server import ollama_models
+from ember_cupy.server.ollama_replies import loaded
+from ember_cupy.server.protocol import validate
+from ember_cupy.server.protocol.ollama import OllamaChatRequest, OllamaGenerateRequest
 from ember_cupy.server.api import ServerSettings, base_app
 from ember_cupy.server.errors import APIError
 from ember_cupy.server.model_pool import ModelPool
@@ -71,8 +75,17 @@ class _Router:
         name = body.get("model") or (body.get("name") if ollama else None)
         if ollama and isinstance(name, str):
             name = served_name(name, list(self.pool.models)) or name
+            if _asks_unload(request.path, body):
+                return await self._ollama_unload(request.path, name, body)
         app = self.pool.acquire(name if isinstance(name, str) else None)
         return await _handle(app, request)
+
+    async def _ollama_unload(self, path: str, name: str, body: dict) -> web.Response:
+        """Ollama's unload (`ollama stop`): keep_alive 0 on a request that asks nothing."""
+        kind = "chat" if path == "/api/chat" else "generate"
+        validate(OllamaChatRequest if kind == "chat" else OllamaGenerateRequest, body)   # a 400 as the model's app
+        await self.pool.unload(self.pool.model(name))
+        return web.json_response(loaded(kind, body["model"], reason="unload"))
 
     async def props(self, request: web.Request) -> web.StreamResponse:
         """llama-server's router form: GET /props?model=NAME."""
@@ -140,6 +153,15 @@ class _Router:
         texts = [m.engine.metrics.render().decode() for m in self.pool.models.values()
                  if m.engine is not None and m.engine.metrics is not None]
         return web.Response(body=join_expositions(texts).encode(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _asks_unload(path: str, body: dict) -> bool:
+    """keep_alive 0 (or "0s", "0m"...) on an /api/generate or /api/chat that asks for nothing."""
+    keep_alive = body.get("keep_alive")
+    zero = keep_alive == 0 and not isinstance(keep_alive, bool) or (
+        isinstance(keep_alive, str) and keep_alive.rstrip("smh").strip() in ("0", "0.0"))
+    nothing = not body.get("messages") if path == "/api/chat" else not body.get("prompt") and not body.get("context")
+    return path in ("/api/chat", "/api/generate") and zero and nothing and isinstance(body.get("model"), str)
 
 
 async def _model_name(request: web.Request) -> str:

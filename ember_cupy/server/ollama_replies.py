@@ -32,9 +32,10 @@ def line(payload: dict) -> bytes:
     return (json.dumps(payload, ensure_ascii=False) + "\n").encode()
 
 
-def loaded(kind: str, model: str) -> dict:
-    """The reply to a request that asks for nothing (no messages, an empty prompt): the model is loaded."""
-    body = {"model": model, "created_at": now_rfc3339(), "done": True, "done_reason": "load"}
+def loaded(kind: str, model: str, reason: str = "load") -> dict:
+    """The reply to a request that asks for nothing (no messages, an empty prompt): the model is
+    loaded (or, reason "unload", unloaded: keep_alive 0 on a --models-dir server)."""
+    body = {"model": model, "created_at": now_rfc3339(), "done": True, "done_reason": reason}
     body.update({"message": {"role": "assistant", "content": ""}} if kind == "chat" else {"response": ""})
     return body
 

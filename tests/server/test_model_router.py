@@ -169,6 +169,13 @@ def test_ollamas_routes_list_the_directory_and_reach_each_model(models_dir, chec
         status, _, body = http(url, "POST", "/api/chat", dict(chat, model="smol-c"))
         assert status == 404 and "smol-c" in json.loads(body)["error"]
         assert json.loads(http(url, "GET", "/api/version")[2])["version"]
+        # `ollama stop smol-b`: keep_alive 0 and nothing asked unloads it
+        status, _, body = http(url, "POST", "/api/generate", {"model": "smol-b:latest", "keep_alive": 0, "bogus": 1})
+        assert status == 400 and json.loads(http(url, "GET", "/api/ps")[2])["models"]
+        status, _, body = http(url, "POST", "/api/generate", {"model": "smol-b:latest", "keep_alive": 0})
+        assert status == 200 and (json.loads(body)["done_reason"], json.loads(body)["model"]) == ("unload",
+                                                                                                   "smol-b:latest")
+        assert json.loads(http(url, "GET", "/api/ps")[2]) == {"models": []}
     finally:
         server.stop()
 

@@ -20,7 +20,9 @@ from ember_cupy.server.protocol.requests import IGNORED, MAX_PROMPTS, SEED_MAX, 
 from ember_cupy.server.protocol.tools import Tool
 
 SERVER_WIDE = "Accepted and ignored: a setting of the whole server here (its command-line flags)."
-KEEP_ALIVE = Field(None, description="Accepted and ignored: the served model stays loaded.", examples=["5m"])
+KEEP_ALIVE = Field(None, description="0 (\"0s\"...) on a request that asks nothing unloads the model of a "
+                   "--models-dir server, as `ollama stop`; otherwise ignored: the model stays loaded.",
+                   examples=["5m"])
 
 
 class OllamaOptions(ProtocolModel):
