@@ -16,13 +16,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ember_cupy.server import ollama_models
-from ember_cupy.server.ollama_replies import loaded
-from ember_cupy.server.protocol import validate
-from ember_cupy.server.protocol.ollama import OllamaChatRequest, OllamaGenerateRequest
 from ember_cupy.server.api import ServerSettings, base_app
 from ember_cupy.server.errors import APIError
 from ember_cupy.server.model_pool import ModelPool
+from ember_cupy.server.ollama_replies import loaded
 from ember_cupy.server.ollama_requests import served_name
+from ember_cupy.server.protocol import validate
+from ember_cupy.server.protocol.ollama import OllamaChatRequest, OllamaGenerateRequest
 from ember_cupy.server.validation import read_json_body
 
 # the endpoints whose JSON body names the model

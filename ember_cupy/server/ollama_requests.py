@@ -131,13 +131,12 @@ def generate_messages(req: OllamaGenerateRequest) -> list[dict]:
 def raw_completion_body(req: OllamaGenerateRequest, token_ids: list[int], max_model_len: int,
                         splits_reasoning: bool) -> dict:
     """The /v1/completions body for a raw prompt's token ids: with no num_predict it runs to the
-    end of the context, as Ollama's -1, and a num_predict past it stops there too."""
+    end of the context, as Ollama's -1 (and OllamaServing stops a num_predict past it there)."""
     if req.system is not None:
         raise bad_request("'system' has no place in a raw prompt (raw=true sends the prompt as it is)",
                           param="system")
     body = {"model": req.model, "prompt": token_ids, **sampling_fields(req.options),
             **response_format(req.format), **_logprob_fields(req, "completion")}
     thinking_fields(req.think or None, splits_reasoning)   # a raw prompt has no template to tell
-    room = max(max_model_len - len(token_ids), 1)
-    body["max_tokens"] = min(body.get("max_tokens", room), room)
+    body.setdefault("max_tokens", max(max_model_len - len(token_ids), 1))
     return body
