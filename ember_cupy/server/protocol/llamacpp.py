@@ -12,12 +12,21 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, PlainValidator, RootModel, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    PlainValidator,
+    RootModel,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ember_cupy.sampling_params import MAX_LOGPROBS, MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY
 from ember_cupy.server.protocol.base import Integer, ProtocolModel, ResponseModel, check_token_ids
 from ember_cupy.server.protocol.messages import MESSAGES_FIELD, Messages
-from ember_cupy.server.protocol.requests import IGNORED, MAX_PROMPTS, SEED_MAX, SEED_MIN, StopList
+from ember_cupy.server.protocol.requests import IGNORED, MAX_PROMPTS, SEED_MAX, SEED_MIN, StopList, TokenId
 
 # the samplers llama-server's `samplers` names; the order here is the one applied (see SAMPLERS_NOTE)
 SAMPLER_NAMES = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature",
@@ -69,8 +78,10 @@ def _prompts(value, info: ValidationInfo) -> list[list]:
     return [_one_prompt(value, info)]
 
 
+_Text = Annotated[str, StringConstraints(min_length=1)]
+_Pieces = Annotated[list[TokenId | _Text], Field(min_length=1)]
 LlamaPrompt = Annotated[list, PlainValidator(_prompts, json_schema_input_type=(
-    str | list[int | str] | list[str | list[int | str]]))]
+    _Text | _Pieces | Annotated[list[_Text | _Pieces], Field(min_length=1, max_length=MAX_PROMPTS)]))]
 
 
 def _bias_pairs(value, info: ValidationInfo) -> list[tuple[int | str, float | None]]:
